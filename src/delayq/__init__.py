@@ -1,0 +1,64 @@
+"""delayq: run work later, at the right time, without losing it.
+
+In-process structures (``DelayQueue``, timing wheels), a durable embedded
+default (SQLite) and distributed stores (Redis) serve one model: a job due at a
+time.
+"""
+
+from __future__ import annotations
+
+from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff
+from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
+from delayq.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    DelayqError,
+    InvalidDelay,
+    InvalidInput,
+    InvalidJobId,
+    InvalidOption,
+    InvalidPayload,
+    JobConflict,
+    JobNotFound,
+    MissingDependency,
+    PayloadTooLarge,
+    QueueClosed,
+    QueueFull,
+    StaleClaim,
+    UnknownHandler,
+)
+from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SYSTEM_CLOCK",
+    "BackendError",
+    "BackendUnavailable",
+    "Backoff",
+    "CancelOutcome",
+    "Clock",
+    "ConfigurationError",
+    "DelayqError",
+    "ExponentialBackoff",
+    "InvalidDelay",
+    "InvalidInput",
+    "InvalidJobId",
+    "InvalidOption",
+    "InvalidPayload",
+    "Job",
+    "JobConflict",
+    "JobNotFound",
+    "JobState",
+    "Misfire",
+    "MissingDependency",
+    "PayloadTooLarge",
+    "QueueClosed",
+    "QueueFull",
+    "RescheduleOutcome",
+    "ScheduleBackoff",
+    "StaleClaim",
+    "SystemClock",
+    "UnknownHandler",
+]

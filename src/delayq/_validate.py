@@ -1,0 +1,57 @@
+"""Input checks shared by every layer (no dependencies)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from numbers import Real
+
+from delayq.errors import InvalidDelay, InvalidJobId
+
+MAX_JOB_ID_LENGTH = 255
+
+
+def check_seconds(value: object, name: str = "delay") -> float:
+    """Return ``value`` as float seconds, or raise :class:`InvalidDelay` naming it.
+
+    Accepts int and float (and other real numbers), rejects bool, strings,
+    NaN and infinities. Negative values are allowed here: callers treat them
+    as "already due".
+    """
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidDelay(
+            f"{name} must be a number of seconds (int or float), got {value!r} "
+            f"of type {type(value).__name__}"
+        )
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidDelay(f"{name} must be a finite number of seconds, got {value!r}")
+    return seconds
+
+
+def check_datetime(value: object, name: str = "at") -> float:
+    """Return an aware ``datetime`` (or epoch seconds) as epoch seconds."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidDelay(
+                f"{name}={value!r} is a naive datetime; give it a timezone, e.g. "
+                f"datetime.now(timezone.utc) or value.replace(tzinfo=ZoneInfo('Europe/Paris'))"
+            )
+        return value.timestamp()
+    return check_seconds(value, name)
+
+
+def check_job_id(value: object) -> str:
+    """Return a valid job id or raise :class:`InvalidJobId`."""
+    if not isinstance(value, str):
+        raise InvalidJobId(f"job_id must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidJobId("job_id must not be empty")
+    if len(value) > MAX_JOB_ID_LENGTH:
+        raise InvalidJobId(
+            f"job_id is {len(value)} characters; at most {MAX_JOB_ID_LENGTH} are allowed"
+        )
+    for ch in value:
+        if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
+            raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
+    return value

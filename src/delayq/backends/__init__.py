@@ -1,0 +1,60 @@
+"""Durable stores behind one contract (:class:`~delayq.backends.base.Backend`).
+
+:func:`open_backend` picks the store from a URL:
+
+* ``memory://``: the in-memory reference store (tests, examples).
+* ``sqlite:///path/to/jobs.db``: the embedded default (``sqlite:///:memory:`` too).
+* ``redis://host:port/db``: Redis ZSET + Lua (``pip install 'delayq[redis]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+from urllib.parse import urlsplit
+
+from delayq.backends.base import Backend
+from delayq.errors import ConfigurationError, MissingDependency
+
+__all__ = ["DEFAULT_URL", "Backend", "open_backend"]
+
+DEFAULT_URL = "sqlite:///delayq.db"
+"""Used when no URL is given: a SQLite file in the working directory."""
+
+# scheme -> (module, class name, extra that provides its driver, driver module)
+_BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
+    "memory": ("delayq.backends.memory", "MemoryBackend", None, None),
+    "sqlite": ("delayq.backends.sqlite", "SQLiteBackend", None, None),
+    "redis": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+    "rediss": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+}
+
+
+def open_backend(url: str | None = None, **options: Any) -> Backend:
+    """Open the store named by ``url`` (``DEFAULT_URL`` when None).
+
+    ``options`` go to the backend's constructor (``clock=``, ``result_ttl=``,
+    ``synchronous=`` for SQLite, ``prefix=`` for Redis, ...).
+    """
+    url = DEFAULT_URL if url is None else url
+    if not isinstance(url, str):
+        raise ConfigurationError(f"backend URL must be a str, got {type(url).__name__}")
+    scheme = urlsplit(url).scheme
+    try:
+        module_name, class_name, extra, driver = _BACKENDS[scheme]
+    except KeyError:
+        known = ", ".join(f"{s}://" for s in sorted(_BACKENDS))
+        raise ConfigurationError(
+            f"unknown backend URL scheme {scheme!r} in {url!r}; known schemes: {known}"
+        ) from None
+    if driver is not None:
+        try:
+            importlib.import_module(driver)
+        except ImportError as exc:
+            raise MissingDependency(
+                f"the {scheme}:// backend needs the {driver!r} package: "
+                f"pip install 'delayq[{extra}]'"
+            ) from exc
+    module = importlib.import_module(module_name)
+    backend: Backend = getattr(module, class_name).from_url(url, **options)
+    return backend

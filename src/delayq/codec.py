@@ -1,0 +1,76 @@
+"""The JSON payload codec: payloads are JSON data, never pickle.
+
+:func:`encode_payload` accepts exactly what JSON can round-trip (dict with str
+keys, list, tuple, str, int, finite float, bool, None), names the first value
+that is not, and enforces a size limit on the encoded UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from delayq.errors import InvalidOption, InvalidPayload, PayloadTooLarge
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "JSONValue", "decode_payload", "encode_payload"]
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB
+
+JSONValue = Any  # dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _check(value: object, path: str, depth: int) -> None:
+    if depth > 500:
+        raise InvalidPayload(f"payload is nested more than 500 levels deep at {path}")
+    if isinstance(value, _SCALARS):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidPayload(f"payload{path} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidPayload(
+                    f"payload{path} has a key {k!r} of type {type(k).__name__}; "
+                    f"JSON object keys must be str"
+                )
+            _check(v, f"{path}[{k!r}]", depth + 1)
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check(v, f"{path}[{i}]", depth + 1)
+        return
+    raise InvalidPayload(
+        f"payload{path or ''} is a {type(value).__name__} ({value!r:.60}); payloads must be "
+        f"JSON data: dict, list, str, int, float, bool or None"
+    )
+
+
+def encode_payload(payload: object, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """Validate ``payload`` and return its compact JSON text.
+
+    Raises :class:`InvalidPayload` for non-JSON data and
+    :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes``.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_bytes!r}")
+    _check(payload, "", 0)
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    # len(text) <= bytes <= 4 * len(text): encode only when it could matter.
+    if len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise PayloadTooLarge(
+                f"payload is {size} bytes as JSON; the limit is {max_bytes} bytes "
+                f"(set max_payload_bytes to change it)"
+            )
+    return text
+
+
+def decode_payload(text: str) -> JSONValue:
+    """Decode JSON text stored by :func:`encode_payload`."""
+    return json.loads(text)

@@ -1,0 +1,114 @@
+"""The one exception tree of delayq.
+
+::
+
+    DelayqError
+    ├── InvalidInput (also ValueError)         bad input, raised at the call that received it
+    │   ├── InvalidDelay                       NaN, inf, bool, str ... as a delay or due time
+    │   ├── InvalidPayload                     payload is not JSON data
+    │   │   └── PayloadTooLarge                encoded payload over the size limit
+    │   ├── InvalidJobId                       empty, too long, control characters
+    │   └── InvalidOption                      max_attempts < 1, unknown on_conflict, bad backoff
+    ├── JobNotFound (also LookupError)         no job with that id
+    ├── JobConflict                            a job with that id exists (on_conflict="reject")
+    ├── UnknownHandler (also LookupError)      no handler registered under that name
+    ├── StaleClaim                             the claim's fencing token is no longer current
+    ├── QueueClosed                            the queue or timer was closed
+    ├── QueueFull                              ``max_pending`` reached
+    ├── ConfigurationError                     bad URL, unsafe server setting ...
+    │   └── MissingDependency (also ImportError) an optional extra is not installed
+    └── BackendError                           the store failed
+        └── BackendUnavailable                 the store cannot be reached
+
+Driver errors are wrapped with ``raise ... from exc`` so the cause is kept.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "DelayqError",
+    "InvalidDelay",
+    "InvalidInput",
+    "InvalidJobId",
+    "InvalidOption",
+    "InvalidPayload",
+    "JobConflict",
+    "JobNotFound",
+    "MissingDependency",
+    "PayloadTooLarge",
+    "QueueClosed",
+    "QueueFull",
+    "StaleClaim",
+    "UnknownHandler",
+]
+
+
+class DelayqError(Exception):
+    """Base class of every error delayq raises on purpose."""
+
+
+class InvalidInput(DelayqError, ValueError):
+    """Bad input, rejected at the call that received it; nothing was stored."""
+
+
+class InvalidDelay(InvalidInput):
+    """A delay or due time that is not a finite real number (or an aware datetime)."""
+
+
+class InvalidPayload(InvalidInput):
+    """A payload that is not JSON data (dict, list, str, int, float, bool, None)."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """An encoded payload larger than the configured limit."""
+
+
+class InvalidJobId(InvalidInput):
+    """A job id that is empty, too long, or contains control characters."""
+
+
+class InvalidOption(InvalidInput):
+    """An option outside its accepted range (max_attempts, on_conflict, backoff, ...)."""
+
+
+class JobNotFound(DelayqError, LookupError):
+    """No job with the given id."""
+
+
+class JobConflict(DelayqError):
+    """A job with the given id already exists and ``on_conflict="reject"``."""
+
+
+class UnknownHandler(DelayqError, LookupError):
+    """No handler is registered under the given name."""
+
+
+class StaleClaim(DelayqError):
+    """The claim's lease expired or was superseded: its fencing token is stale."""
+
+
+class QueueClosed(DelayqError):
+    """The queue, timer or worker was closed; no more items come out of it."""
+
+
+class QueueFull(DelayqError):
+    """The structure holds ``max_pending`` items and refuses more."""
+
+
+class ConfigurationError(DelayqError):
+    """A configuration delayq cannot work with (bad URL, unsafe server setting)."""
+
+
+class MissingDependency(ConfigurationError, ImportError):
+    """An optional extra is not installed; the message says what to install."""
+
+
+class BackendError(DelayqError):
+    """The durable store failed."""
+
+
+class BackendUnavailable(BackendError):
+    """The durable store cannot be reached."""

@@ -1,0 +1,214 @@
+"""The job model: value types shared by the app, the worker and every backend.
+
+A job is "a handler name + a JSON payload, due at a time". Durable due times
+are wall-clock epoch seconds on the deciding clock (the backend's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from delayq._validate import check_seconds
+from delayq.errors import InvalidOption
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "FINAL_STATES",
+    "CancelOutcome",
+    "Claim",
+    "EnqueueOutcome",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "Misfire",
+    "OnConflict",
+    "RescheduleOutcome",
+    "Stats",
+    "check_on_conflict",
+]
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+OnConflict = Literal["reject", "keep", "replace"]
+_ON_CONFLICT = ("reject", "keep", "replace")
+
+
+def check_on_conflict(value: object) -> OnConflict:
+    if value not in _ON_CONFLICT:
+        raise InvalidOption(
+            f"on_conflict must be one of 'reject', 'keep', 'replace'; got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
+class JobState(StrEnum):
+    """Where a job is in its life."""
+
+    SCHEDULED = "scheduled"  # waiting for its due time (or due and waiting for a worker)
+    RUNNING = "running"  # claimed under a lease
+    SUCCEEDED = "succeeded"  # handler returned
+    DEAD = "dead"  # in the dead-letter set, with its last error
+    CANCELLED = "cancelled"  # cancelled before it ran
+    SKIPPED = "skipped"  # not run because of its misfire policy
+
+
+FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED, JobState.SKIPPED})
+
+
+class CancelOutcome(StrEnum):
+    """The definite answer of ``cancel(job_id)``."""
+
+    CANCELLED = "cancelled"
+    RUNNING = "running"  # already running: not cancelled
+    FINISHED = "finished"  # already finished (succeeded, dead, cancelled or skipped)
+    NOT_FOUND = "not_found"
+
+
+class RescheduleOutcome(StrEnum):
+    """The definite answer of ``reschedule(job_id, ...)``."""
+
+    RESCHEDULED = "rescheduled"
+    RUNNING = "running"
+    FINISHED = "finished"
+    NOT_FOUND = "not_found"
+
+
+class EnqueueOutcome(StrEnum):
+    """What ``enqueue`` did with one job."""
+
+    CREATED = "created"
+    KEPT = "kept"  # on_conflict="keep": the existing job was left as it was
+    REPLACED = "replaced"  # on_conflict="replace": the existing job was overwritten
+
+
+@dataclass(frozen=True, slots=True)
+class Misfire:
+    """What to do with a job found overdue (after downtime) when claimed.
+
+    ``Misfire.parse("run")`` always runs it, ``"skip"`` never runs an overdue
+    job, and a number of seconds (or ``"grace:30"``) runs it only if it is at
+    most that late. A job counts as overdue when it is claimed more than
+    ``grace`` seconds after its due time; ``"skip"`` uses a 1-second grace so
+    ordinary scheduling latency never skips a job.
+    """
+
+    policy: Literal["run", "skip", "grace"] = "run"
+    grace: float | None = None
+
+    SKIP_GRACE = 1.0
+
+    @classmethod
+    def parse(cls, value: Misfire | str | float | int | None) -> Misfire:
+        if value is None:
+            return cls()
+        if isinstance(value, Misfire):
+            return value
+        if isinstance(value, str):
+            if value == "run":
+                return cls("run")
+            if value == "skip":
+                return cls("skip", cls.SKIP_GRACE)
+            if value.startswith("grace:"):
+                return cls._grace(value.removeprefix("grace:"))
+            raise InvalidOption(
+                f"misfire must be 'run', 'skip', a grace period in seconds or 'grace:<seconds>'; "
+                f"got {value!r}"
+            )
+        return cls._grace(value)
+
+    @classmethod
+    def _grace(cls, value: object) -> Misfire:
+        try:
+            seconds = check_seconds(float(value) if isinstance(value, str) else value, "misfire")
+        except ValueError as exc:
+            raise InvalidOption(f"misfire grace must be a number of seconds: {exc}") from exc
+        if seconds < 0:
+            raise InvalidOption(f"misfire grace must be >= 0 seconds, got {value!r}")
+        return cls("grace", seconds)
+
+    def to_spec(self) -> str:
+        """Compact text form stored with the job: ``run``, ``skip`` or ``grace:<s>``."""
+        return self.policy if self.policy != "grace" else f"grace:{self.grace!r}"
+
+    def should_run(self, lateness: float) -> bool:
+        """True when a job claimed ``lateness`` seconds after its due time should run."""
+        return self.grace is None or lateness <= self.grace
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A validated job, ready for ``Backend.enqueue``.
+
+    ``payload`` is already-encoded JSON text (see :mod:`delayq.codec`);
+    ``backoff`` is a backoff spec dict (``Backoff.to_spec()``); ``misfire`` the
+    text form of :class:`Misfire`.
+    """
+
+    id: str
+    name: str
+    payload: str
+    run_at: float
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff: dict[str, Any] = field(default_factory=lambda: {"kind": "exponential"})
+    misfire: str = "run"
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as a backend reports it."""
+
+    id: str
+    name: str
+    payload: Any
+    run_at: float
+    state: JobState
+    attempts: int  # attempts started so far (a claim starts one)
+    max_attempts: int
+    backoff: dict[str, Any]
+    misfire: str
+    created_at: float
+    updated_at: float
+    last_error: str | None = None
+    outcome: str | None = None  # a note on how it ended, e.g. "skipped: 312.0s late"
+    lease_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job claimed under a lease.
+
+    ``token`` is a fencing token: ack / retry / bury / extend are rejected with
+    :class:`~delayq.errors.StaleClaim` once the lease expired and the job was
+    handed to someone else. ``claimed_at`` is the claim time on the backend's
+    clock (used for misfire and lateness).
+    """
+
+    job: Job
+    token: int
+    lease_until: float
+    claimed_at: float
+
+    @property
+    def attempt(self) -> int:
+        """The number of this attempt (1 for the first run)."""
+        return self.job.attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counts by state and the next due time (epoch seconds) of a queue."""
+
+    scheduled: int = 0
+    due: int = 0  # scheduled and already due, waiting for a worker
+    running: int = 0
+    succeeded: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    skipped: int = 0
+    next_due: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}

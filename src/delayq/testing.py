@@ -1,0 +1,167 @@
+"""Helpers for testing code that uses delayq.
+
+:class:`FakeClock` is a :class:`~delayq.clock.Clock` that moves only when the
+test calls :meth:`FakeClock.advance`. Threads and coroutines that wait on it
+(``sleep``, ``wait``, ``wait_async``) are woken when the clock passes their
+deadline, so time-dependent behaviour is tested exactly and without real sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["FakeClock"]
+
+
+@dataclass(eq=False)
+class _Waiter:
+    deadline: float
+    wake: Callable[[], None]
+    seq: int = field(default=0)
+
+
+class FakeClock:
+    """A hand-driven clock for tests.
+
+    ``time()`` starts at ``start`` (epoch seconds) and ``monotonic()`` at
+    ``monotonic_start``; both move together by :meth:`advance`.
+
+    Lock rule: ``_lock`` guards ``_elapsed`` and ``_waiters``; it is never held
+    while a waiter's condition is acquired (so ``advance`` cannot deadlock with a
+    thread that holds its own condition). ``_changed`` is notified whenever a
+    waiter registers, for :meth:`wait_for_waiters`.
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0, *, monotonic_start: float = 1_000.0) -> None:
+        self._wall0 = float(start)
+        self._mono0 = float(monotonic_start)
+        self._elapsed = 0.0
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._waiters: dict[int, _Waiter] = {}
+        self._seq = itertools.count()
+
+    # -- reading -----------------------------------------------------------
+    def time(self) -> float:
+        with self._lock:
+            return self._wall0 + self._elapsed
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._mono0 + self._elapsed
+
+    # -- driving -----------------------------------------------------------
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds`` and wake every waiter now due."""
+        if not seconds >= 0:
+            raise ValueError(f"FakeClock.advance: seconds must be >= 0, got {seconds!r}")
+        with self._lock:
+            self._elapsed += seconds
+            now = self._mono0 + self._elapsed
+            due = [w for w in self._waiters.values() if w.deadline <= now]
+            for w in due:
+                del self._waiters[w.seq]
+        for w in sorted(due, key=lambda w: (w.deadline, w.seq)):
+            w.wake()
+
+    def advance_to(self, monotonic: float) -> None:
+        """Advance until ``monotonic()`` equals ``monotonic`` (never backwards)."""
+        self.advance(max(0.0, monotonic - self.monotonic()))
+
+    def waiters(self) -> int:
+        """How many threads or tasks are waiting on this clock with a deadline."""
+        with self._lock:
+            return len(self._waiters)
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic deadline anyone waits for, or None."""
+        with self._lock:
+            return min((w.deadline for w in self._waiters.values()), default=None)
+
+    def wait_for_waiters(self, count: int, timeout: float = 10.0) -> bool:
+        """Block (really) until at least ``count`` waiters have deadlines registered.
+
+        Lets a test make sure a thread is asleep before it advances the clock.
+        """
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self._waiters) >= count, timeout)
+
+    # -- waiting -----------------------------------------------------------
+    def _register(self, timeout: float, wake: Callable[[], None]) -> _Waiter:
+        with self._lock:
+            w = _Waiter(self._mono0 + self._elapsed + timeout, wake, next(self._seq))
+            self._waiters[w.seq] = w
+            self._changed.notify_all()
+            return w
+
+    def _unregister(self, w: _Waiter) -> None:
+        with self._lock:
+            self._waiters.pop(w.seq, None)
+
+    def wait(self, condition: threading.Condition, timeout: float | None) -> bool:
+        if timeout is None:
+            condition.wait()
+            return True
+        if timeout <= 0:
+            return False
+
+        def wake() -> None:
+            with condition:
+                condition.notify_all()
+
+        w = self._register(timeout, wake)
+        try:
+            condition.wait()
+        finally:
+            self._unregister(w)
+        return self.monotonic() < w.deadline
+
+    def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        deadline = self.monotonic() + seconds
+        cond = threading.Condition()
+        with cond:
+            while (left := deadline - self.monotonic()) > 0:
+                self.wait(cond, left)
+
+    async def wait_async(self, event: asyncio.Event, timeout: float | None) -> bool:
+        if event.is_set():
+            return True
+        if timeout is None:
+            await event.wait()
+            return True
+        if timeout <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        expired = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(expired.set)
+
+        w = self._register(timeout, wake)
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(expired.wait())}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._unregister(w)
+            for t in waiters:
+                t.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+        return event.is_set()
+
+    async def sleep_async(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        deadline = self.monotonic() + seconds
+        never = asyncio.Event()
+        while (left := deadline - self.monotonic()) > 0:
+            await self.wait_async(never, left)
+
+    def __repr__(self) -> str:
+        return f"FakeClock(time={self.time():.6f}, monotonic={self.monotonic():.6f})"

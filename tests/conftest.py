@@ -1,0 +1,21 @@
+"""Shared test configuration.
+
+Service-backed tests skip with a clear reason when their server is absent, but
+fail when ``DELAYQ_REQUIRE_SERVICES=1`` (CI sets it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_SERVICES = os.environ.get("DELAYQ_REQUIRE_SERVICES") == "1"
+
+
+def service_missing(name: str, reason: str) -> None:
+    """Skip (or fail, under DELAYQ_REQUIRE_SERVICES=1) because ``name`` is unreachable."""
+    message = f"{name} is not reachable: {reason}"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message} (DELAYQ_REQUIRE_SERVICES=1 requires it)", pytrace=False)
+    pytest.skip(message)
