@@ -1,6 +1,6 @@
 """The seed experiments as runnable commands (``delayq experiment <name>``).
 
-Each experiment module exposes ``run(out: TextIO, *, clock) -> None`` and is listed
+Each experiment module exposes ``run(out: TextIO) -> None`` and is listed
 in :data:`EXPERIMENTS`:
 
 * ``retry``: a job failing twice then succeeding, 50 ms << attempt backoff, on a
