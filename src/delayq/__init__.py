@@ -33,7 +33,6 @@ from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
 __version__ = "0.1.0"
 
 __all__ = [
-    "SYSTEM_CLOCK",
     "BackendError",
     "BackendUnavailable",
     "Backoff",
@@ -57,6 +56,7 @@ __all__ = [
     "QueueClosed",
     "QueueFull",
     "RescheduleOutcome",
+    "SYSTEM_CLOCK",
     "ScheduleBackoff",
     "StaleClaim",
     "SystemClock",
