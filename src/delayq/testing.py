@@ -4,6 +4,9 @@
 test calls :meth:`FakeClock.advance`. Threads and coroutines that wait on it
 (``sleep``, ``wait``, ``wait_async``) are woken when the clock passes their
 deadline, so time-dependent behaviour is tested exactly and without real sleeps.
+
+:class:`~delayq.backends.memory.MemoryBackend` is the in-memory store: run an
+app and its handlers against ``MemoryBackend(clock=FakeClock())``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["FakeClock"]
+from delayq.backends.memory import MemoryBackend
+
+__all__ = ["FakeClock", "MemoryBackend"]
 
 
 @dataclass(eq=False)

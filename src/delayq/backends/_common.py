@@ -1,0 +1,124 @@
+"""Checks and messages shared by the backends, so every store says the same thing.
+
+Not public API: backends import from here; users see the errors it builds.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from delayq.errors import InvalidDelay, InvalidOption, StaleClaim
+from delayq.job import Claim, JobState
+
+__all__ = [
+    "DEFAULT_RESULT_TTL",
+    "TTL_STATES",
+    "check_ack_state",
+    "check_lease",
+    "check_limit",
+    "check_max_wait",
+    "check_result_ttl",
+    "check_run_at",
+    "format_time",
+    "lease_expired_error",
+    "lease_expired_note",
+    "stale_claim",
+]
+
+DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
+"""Finished records (succeeded, cancelled, skipped) are kept this long: 7 days."""
+
+TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
+"""Final states purged after ``result_ttl``. DEAD is final too, but dead letters
+stay until they are purged or requeued on purpose."""
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None if it is not a finite real number (bool excluded)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
+    return limit
+
+
+def check_lease(lease: object) -> float:
+    seconds = _finite(lease)
+    if seconds is None or seconds <= 0:
+        raise InvalidOption(f"lease must be a finite number of seconds > 0, got {lease!r}")
+    return seconds
+
+
+def check_max_wait(max_wait: object) -> float:
+    seconds = _finite(max_wait)
+    if seconds is None or seconds < 0:
+        raise InvalidOption(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
+    return seconds
+
+
+def check_result_ttl(result_ttl: object) -> float:
+    seconds = _finite(result_ttl)
+    if seconds is None or seconds < 0:
+        raise InvalidOption(
+            f"result_ttl must be a finite number of seconds >= 0, got {result_ttl!r}"
+        )
+    return seconds
+
+
+def check_run_at(run_at: object, name: str = "run_at") -> float:
+    seconds = _finite(run_at)
+    if seconds is None:
+        raise InvalidDelay(f"{name} must be finite epoch seconds, got {run_at!r}")
+    return seconds
+
+
+def check_ack_state(state: object) -> JobState:
+    if state == JobState.SUCCEEDED:
+        return JobState.SUCCEEDED
+    if state == JobState.SKIPPED:
+        return JobState.SKIPPED
+    raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
+
+
+def format_time(epoch: float) -> str:
+    """Epoch seconds as a readable UTC timestamp (for error messages)."""
+    try:
+        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch)
+
+
+def lease_expired_error(lease_until: float, attempts: int, max_attempts: int) -> str:
+    """The error of a job buried because its last lease ran out."""
+    return (
+        f"lease expired at {format_time(lease_until)} after {attempts} attempts "
+        f"(max_attempts={max_attempts}): the worker holding it stopped or hung"
+    )
+
+
+def lease_expired_note(lease_until: float, attempts: int) -> str:
+    """The error recorded on a job returned to the due set by lease expiry."""
+    return (
+        f"lease expired at {format_time(lease_until)} during attempt {attempts}: "
+        f"the worker holding it stopped or hung; returned to the due set"
+    )
+
+
+def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> StaleClaim:
+    """The error for an ack/retry/bury/extend whose token is no longer current."""
+    if state is None:
+        now = "no longer exists"
+    elif state is JobState.RUNNING:
+        now = f"is running under a newer claim (token {token})"
+    else:
+        now = f"is now {state.value}"
+    return StaleClaim(
+        f"claim on job {claim.job.id!r} (token {claim.token}) is stale: the job {now}; "
+        f"its lease expired and the job was returned to the due set or finished elsewhere"
+    )

@@ -1,0 +1,530 @@
+"""The in-memory reference backend: the contract, with nothing but a lock and three heaps.
+
+:class:`MemoryBackend` is what the contract suite checks every other store
+against, what users run their handler tests on (``delayq.testing`` exports it),
+and what ``memory://`` opens. It is not durable: the jobs live as long as the
+object.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from delayq.backends._common import (
+    DEFAULT_RESULT_TTL,
+    TTL_STATES,
+    check_ack_state,
+    check_lease,
+    check_limit,
+    check_max_wait,
+    check_result_ttl,
+    check_run_at,
+    lease_expired_error,
+    lease_expired_note,
+    stale_claim,
+)
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.codec import decode_payload
+from delayq.errors import ConfigurationError, JobConflict, QueueClosed
+from delayq.job import (
+    CancelOutcome,
+    Claim,
+    EnqueueOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    OnConflict,
+    RescheduleOutcome,
+    Stats,
+    check_on_conflict,
+)
+
+__all__ = ["MemoryBackend"]
+
+
+@dataclass(slots=True)
+class _Record:
+    """One stored job (mutable; only touched under ``MemoryBackend._lock``)."""
+
+    id: str
+    name: str
+    payload: str  # JSON text, as stored by every backend
+    run_at: float
+    max_attempts: int
+    backoff: dict[str, Any]
+    misfire: str
+    created_at: float
+    updated_at: float
+    seq: int  # enqueue order, breaks run_at ties (FIFO)
+    state: JobState = JobState.SCHEDULED
+    attempts: int = 0
+    last_error: str | None = None
+    outcome: str | None = None
+    lease_until: float | None = None
+    token: int = 0
+    version: int = 0  # bumped on every change that invalidates heap entries
+
+    def to_job(self) -> Job:
+        return Job(
+            id=self.id,
+            name=self.name,
+            payload=decode_payload(self.payload),
+            run_at=self.run_at,
+            state=self.state,
+            attempts=self.attempts,
+            max_attempts=self.max_attempts,
+            backoff=json.loads(json.dumps(self.backoff)),  # a copy the caller may mutate
+            misfire=self.misfire,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            last_error=self.last_error,
+            outcome=self.outcome,
+            lease_until=self.lease_until,
+        )
+
+
+class MemoryBackend:
+    """The reference :class:`~delayq.backends.base.Backend`, held in memory.
+
+    Options (keyword-only): ``clock`` decides "now" whenever a method is not
+    given ``now=`` (use :class:`~delayq.testing.FakeClock` in tests), and
+    ``result_ttl`` is how long finished records (succeeded, cancelled, skipped)
+    are kept, 7 days by default; they are purged lazily by later calls. Dead
+    letters stay until purged or requeued.
+
+    Ordering: jobs are claimed by ``(run_at, seq)`` where ``seq`` is the order in
+    which the job was enqueued (or replaced); retries and reschedules keep it.
+
+    Lock rule: ``_lock`` guards every field below except ``_clock``, ``url`` and
+    ``_result_ttl`` (immutable). ``_cond`` shares ``_lock``; it is notified when
+    a job becomes the earliest due, a lease is returned, or :meth:`interrupt` is
+    called (``_wake_gen`` counts those wake-ups). No user code runs under it.
+
+    The three heaps use lazy deletion: an entry is live only while its
+    ``version`` (or token) still matches the record.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        url: str = "memory://",
+    ) -> None:
+        self.url = url
+        self._clock = clock
+        self._result_ttl = check_result_ttl(result_ttl)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._jobs: dict[str, _Record] = {}
+        self._due: list[tuple[float, int, int, str]] = []  # (run_at, seq, version, id)
+        self._leases: list[tuple[float, int, str]] = []  # (lease_until, token, id)
+        self._finished: list[tuple[float, int, str]] = []  # (updated_at, version, id)
+        self._seq = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self._wake_gen = 0
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryBackend:
+        """Open ``memory://``: a new, empty in-memory store each time."""
+        if not url.startswith("memory://"):
+            raise ConfigurationError(f"MemoryBackend needs a memory:// URL, got {url!r}")
+        return cls(url=url, **options)
+
+    def __repr__(self) -> str:
+        return f"MemoryBackend(url={self.url!r})"
+
+    # -- internals (call with _lock held) -------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"{self!r} is closed")
+
+    def _now(self, now: float | None) -> float:
+        return self._clock.time() if now is None else check_run_at(now, "now")
+
+    def _schedule(self, rec: _Record) -> None:
+        rec.version += 1
+        heapq.heappush(self._due, (rec.run_at, rec.seq, rec.version, rec.id))
+
+    def _finish(self, rec: _Record, state: JobState, now: float) -> None:
+        rec.state = state
+        rec.lease_until = None
+        rec.updated_at = now
+        rec.version += 1
+        if state in TTL_STATES:
+            heapq.heappush(self._finished, (now, rec.version, rec.id))
+
+    def _head(self) -> tuple[float, int, int, str] | None:
+        """The live entry of the earliest scheduled job (drops dead entries)."""
+        due = self._due
+        while due:
+            _run_at, _seq, version, job_id = due[0]
+            rec = self._jobs.get(job_id)
+            if rec is not None and rec.version == version and rec.state is JobState.SCHEDULED:
+                return due[0]
+            heapq.heappop(due)
+        return None
+
+    def _next_due(self) -> float | None:
+        head = self._head()
+        return None if head is None else head[0]
+
+    def _next_lease_expiry(self) -> float | None:
+        leases = self._leases
+        while leases:
+            lease_until, token, job_id = leases[0]
+            rec = self._jobs.get(job_id)
+            if (
+                rec is not None
+                and rec.state is JobState.RUNNING
+                and rec.token == token
+                and rec.lease_until == lease_until
+            ):
+                return lease_until
+            heapq.heappop(leases)
+        return None
+
+    def _wake_if_earlier(self, run_at: float, head: float | None) -> None:
+        if head is None or run_at < head:
+            self._wake_gen += 1
+            self._cond.notify_all()
+
+    def _purge_finished(self, now: float) -> None:
+        cutoff = now - self._result_ttl
+        fin = self._finished
+        while fin and fin[0][0] <= cutoff:
+            _at, version, job_id = heapq.heappop(fin)
+            rec = self._jobs.get(job_id)
+            if rec is not None and rec.version == version and rec.state in TTL_STATES:
+                del self._jobs[job_id]
+
+    def _lookup(self, job_id: str, now: float) -> _Record | None:
+        self._purge_finished(now)
+        return self._jobs.get(job_id)
+
+    def _expire_leases(self, now: float) -> None:
+        while (expiry := self._next_lease_expiry()) is not None and expiry <= now:
+            _lease_until, _token, job_id = heapq.heappop(self._leases)
+            rec = self._jobs[job_id]
+            if rec.attempts >= rec.max_attempts:
+                rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
+                self._finish(rec, JobState.DEAD, now)
+            else:
+                # Due again from the moment the lease ran out: lateness (and the
+                # misfire policy) is measured from there, not from the first due time.
+                rec.last_error = lease_expired_note(expiry, rec.attempts)
+                rec.state = JobState.SCHEDULED
+                rec.run_at = expiry
+                rec.lease_until = None
+                rec.updated_at = now
+                self._schedule(rec)
+
+    def _current(self, claim: Claim) -> _Record:
+        rec = self._jobs.get(claim.job.id)
+        if rec is None or rec.state is not JobState.RUNNING or rec.token != claim.token:
+            raise stale_claim(
+                claim, None if rec is None else rec.state, None if rec is None else rec.token
+            )
+        return rec
+
+    # -- producers --------------------------------------------------------------
+    def enqueue(
+        self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]:
+        on_conflict = check_on_conflict(on_conflict)
+        specs = list(jobs)
+        for spec in specs:
+            check_run_at(spec.run_at)
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            self._purge_finished(now)
+            # Decide every outcome first so a conflict leaves nothing stored.
+            outcomes: list[EnqueueOutcome] = []
+            seen: dict[str, JobState] = {}
+            for spec in specs:
+                existing = seen.get(spec.id)
+                if existing is None and spec.id in self._jobs:
+                    existing = self._jobs[spec.id].state
+                if existing is None:
+                    outcomes.append(EnqueueOutcome.CREATED)
+                elif on_conflict == "keep":
+                    outcomes.append(EnqueueOutcome.KEPT)
+                    continue
+                elif on_conflict == "reject":
+                    raise JobConflict(
+                        f"job {spec.id!r} already exists ({existing.value}); pass "
+                        f"on_conflict='keep' or 'replace' to accept an existing id"
+                    )
+                elif existing is JobState.RUNNING:
+                    raise JobConflict(
+                        f"job {spec.id!r} is running and cannot be replaced; "
+                        f"cancel is not possible either: wait for it to finish"
+                    )
+                else:
+                    outcomes.append(EnqueueOutcome.REPLACED)
+                seen[spec.id] = JobState.SCHEDULED
+            head = self._next_due()
+            earliest: float | None = None
+            for spec, outcome in zip(specs, outcomes, strict=True):
+                if outcome is EnqueueOutcome.KEPT:
+                    continue
+                rec = _Record(
+                    id=spec.id,
+                    name=spec.name,
+                    payload=spec.payload,
+                    run_at=float(spec.run_at),
+                    max_attempts=spec.max_attempts,
+                    backoff=dict(spec.backoff),
+                    misfire=spec.misfire,
+                    created_at=spec.created_at or now,
+                    updated_at=now,
+                    seq=next(self._seq),
+                )
+                old = self._jobs.get(spec.id)
+                if old is not None:
+                    rec.version = old.version + 1
+                self._jobs[spec.id] = rec
+                self._schedule(rec)
+                earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
+            if earliest is not None:
+                self._wake_if_earlier(earliest, head)
+            return outcomes
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            rec = self._lookup(job_id, now)
+            if rec is None:
+                return CancelOutcome.NOT_FOUND
+            if rec.state is JobState.RUNNING:
+                return CancelOutcome.RUNNING
+            if rec.state is not JobState.SCHEDULED:
+                return CancelOutcome.FINISHED
+            rec.outcome = "cancelled"
+            self._finish(rec, JobState.CANCELLED, now)
+            return CancelOutcome.CANCELLED
+
+    def reschedule(self, job_id: str, run_at: float) -> RescheduleOutcome:
+        run_at = check_run_at(run_at)
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            rec = self._lookup(job_id, now)
+            if rec is None:
+                return RescheduleOutcome.NOT_FOUND
+            if rec.state is JobState.RUNNING:
+                return RescheduleOutcome.RUNNING
+            if rec.state is not JobState.SCHEDULED:
+                return RescheduleOutcome.FINISHED
+            head = self._next_due()
+            rec.run_at = run_at
+            rec.updated_at = now
+            self._schedule(rec)
+            self._wake_if_earlier(run_at, head)
+            return RescheduleOutcome.RESCHEDULED
+
+    # -- workers ----------------------------------------------------------------
+    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        limit = check_limit(limit)
+        lease = check_lease(lease)
+        with self._lock:
+            self._check_open()
+            at = self._now(now)
+            self._purge_finished(at)
+            self._expire_leases(at)
+            claims: list[Claim] = []
+            while len(claims) < limit and (head := self._head()) is not None and head[0] <= at:
+                heapq.heappop(self._due)
+                rec = self._jobs[head[3]]
+                rec.state = JobState.RUNNING
+                rec.attempts += 1
+                rec.token = next(self._tokens)
+                rec.lease_until = at + lease
+                rec.updated_at = at
+                rec.version += 1
+                heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
+                claims.append(Claim(rec.to_job(), rec.token, rec.lease_until, at))
+            return claims
+
+    def ack(
+        self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
+    ) -> None:
+        state = check_ack_state(state)
+        with self._lock:
+            self._check_open()
+            rec = self._current(claim)
+            rec.outcome = outcome
+            self._finish(rec, state, self._clock.time())
+
+    def retry(self, claim: Claim, run_at: float, error: str) -> None:
+        run_at = check_run_at(run_at)
+        with self._lock:
+            self._check_open()
+            rec = self._current(claim)
+            head = self._next_due()
+            rec.state = JobState.SCHEDULED
+            rec.run_at = run_at
+            rec.last_error = error
+            rec.lease_until = None
+            rec.updated_at = self._clock.time()
+            self._schedule(rec)
+            self._wake_if_earlier(run_at, head)
+
+    def bury(self, claim: Claim, error: str) -> None:
+        with self._lock:
+            self._check_open()
+            rec = self._current(claim)
+            rec.last_error = error
+            self._finish(rec, JobState.DEAD, self._clock.time())
+
+    def extend(self, claim: Claim, lease: float) -> Claim:
+        lease = check_lease(lease)
+        with self._lock:
+            self._check_open()
+            rec = self._current(claim)
+            now = self._clock.time()
+            rec.lease_until = now + lease
+            rec.updated_at = now
+            heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
+            return replace(claim, job=rec.to_job(), lease_until=rec.lease_until)
+
+    def wait_for_due(self, max_wait: float) -> None:
+        max_wait = check_max_wait(max_wait)
+        clock = self._clock
+        with self._cond:
+            gen = self._wake_gen
+            deadline = clock.monotonic() + max_wait
+            while not self._closed and self._wake_gen == gen:
+                left = deadline - clock.monotonic()
+                if left <= 0:
+                    return
+                now = clock.time()
+                times = [t for t in (self._next_due(), self._next_lease_expiry()) if t is not None]
+                if times:
+                    until = min(times) - now
+                    if until <= 0:
+                        return
+                    left = min(left, until)
+                clock.wait(self._cond, left)
+
+    def interrupt(self) -> None:
+        with self._cond:
+            self._wake_gen += 1
+            self._cond.notify_all()
+
+    # -- inspection and dead letters -------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            self._check_open()
+            rec = self._lookup(job_id, self._clock.time())
+            return None if rec is None else rec.to_job()
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        due_after: float | None = None,
+        due_before: float | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
+        limit = check_limit(limit)
+        state = None if state is None else JobState(state)
+        with self._lock:
+            self._check_open()
+            self._purge_finished(self._clock.time())
+            recs = [
+                r
+                for r in self._jobs.values()
+                if (state is None or r.state is state)
+                and (due_after is None or r.run_at >= due_after)
+                and (due_before is None or r.run_at < due_before)
+            ]
+            chosen = heapq.nsmallest(limit, recs, key=lambda r: (r.run_at, r.seq))
+            return [r.to_job() for r in chosen]
+
+    def next_due(self) -> float | None:
+        with self._lock:
+            self._check_open()
+            return self._next_due()
+
+    def stats(self) -> Stats:
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            self._purge_finished(now)
+            counts = dict.fromkeys(JobState, 0)
+            due = 0
+            for rec in self._jobs.values():
+                counts[rec.state] += 1
+                if rec.state is JobState.SCHEDULED and rec.run_at <= now:
+                    due += 1
+            return Stats(
+                scheduled=counts[JobState.SCHEDULED],
+                due=due,
+                running=counts[JobState.RUNNING],
+                succeeded=counts[JobState.SUCCEEDED],
+                dead=counts[JobState.DEAD],
+                cancelled=counts[JobState.CANCELLED],
+                skipped=counts[JobState.SKIPPED],
+                next_due=self._next_due(),
+            )
+
+    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        limit = check_limit(limit)
+        with self._lock:
+            self._check_open()
+            dead = [r for r in self._jobs.values() if r.state is JobState.DEAD]
+            chosen = heapq.nlargest(limit, dead, key=lambda r: (r.updated_at, r.seq))
+            return [r.to_job() for r in chosen]
+
+    def requeue_dead(self, job_id: str, run_at: float) -> bool:
+        run_at = check_run_at(run_at)
+        with self._lock:
+            self._check_open()
+            rec = self._jobs.get(job_id)
+            if rec is None or rec.state is not JobState.DEAD:
+                return False
+            head = self._next_due()
+            rec.state = JobState.SCHEDULED
+            rec.attempts = 0
+            rec.run_at = run_at
+            rec.outcome = None
+            rec.updated_at = self._clock.time()
+            self._schedule(rec)
+            self._wake_if_earlier(run_at, head)
+            return True
+
+    def purge_dead(
+        self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
+    ) -> int:
+        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
+        ids = None if job_ids is None else set(job_ids)
+        with self._lock:
+            self._check_open()
+            doomed = [
+                r.id
+                for r in self._jobs.values()
+                if r.state is JobState.DEAD
+                and (ids is None or r.id in ids)
+                and (older_than is None or r.updated_at < older_than)
+            ]
+            for job_id in doomed:
+                del self._jobs[job_id]
+            return len(doomed)
+
+    def close(self) -> None:
+        """Mark the store closed (idempotent) and wake every waiter."""
+        with self._cond:
+            self._closed = True
+            self._wake_gen += 1
+            self._cond.notify_all()
