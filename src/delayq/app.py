@@ -1,0 +1,590 @@
+"""The DelayQ app: a handler registry plus schedule / cancel / reschedule / inspect.
+
+``DelayQ`` is what producers and workers share::
+
+    app = DelayQ("sqlite:///jobs.db")
+
+    @app.handler("order.cancel")
+    def cancel_unpaid(payload, ctx):          # or def cancel_unpaid(payload)
+        ...
+
+    job_id = app.schedule("order.cancel", {"order": 42}, delay=30 * 60)
+    app.cancel(job_id)                        # -> CancelOutcome.CANCELLED
+
+Every input is validated at the call that received it (a clear error naming
+the field, nothing stored); the store only ever sees a :class:`JobSpec`.
+
+A producer does not need to import the handlers: scheduling a name that is not
+registered in this process is allowed, and a worker that does not know the
+name dead-letters the job with that reason (only registered names ever run).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any, Literal, TypeVar
+
+from delayq._validate import check_datetime, check_job_id, check_seconds
+from delayq.backends import Backend, open_backend
+from delayq.backoff import Backoff, backoff_from_spec
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
+from delayq.errors import ConfigurationError, InvalidDelay, InvalidInput, InvalidOption
+from delayq.job import (
+    DEFAULT_MAX_ATTEMPTS,
+    CancelOutcome,
+    EnqueueOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    Misfire,
+    OnConflict,
+    RescheduleOutcome,
+    Stats,
+    check_on_conflict,
+)
+
+__all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext"]
+
+URL_ENV = "DELAYQ_URL"
+"""Environment variable read by ``DelayQ()`` (and the CLI) when no URL is given."""
+
+MAX_DELAY = 100 * 365.25 * 86400.0
+"""The furthest a job may be scheduled ahead: 100 years, in seconds."""
+
+MAX_NAME_LENGTH = 200
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BackoffArg = Backoff | Mapping[str, Any] | str | Sequence[float] | None
+MisfireArg = Misfire | str | float | int | None
+WhenArg = datetime | float | int
+
+_SCHEDULE_KEYS = frozenset(
+    {"name", "payload", "delay", "at", "job_id", "max_attempts", "backoff", "misfire"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a handler knows about the run it is part of.
+
+    ``id`` is the idempotency key: at-least-once delivery means a handler may
+    see the same id again (after a crash or an expired lease). Times are epoch
+    seconds on the backend's clock.
+    """
+
+    id: str
+    name: str
+    attempt: int  # 1 for the first run
+    max_attempts: int
+    run_at: float  # when the job was due
+    claimed_at: float  # when this attempt was claimed
+    lease_until: float
+    created_at: float
+
+    @property
+    def lateness(self) -> float:
+        """Seconds between the due time and the claim of this attempt."""
+        return self.claimed_at - self.run_at
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure now sends the job to the dead-letter set."""
+        return self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered handler and how to call it (decided once, at registration).
+
+    ``takes_context`` is true when the function accepts a second positional
+    argument: it is then called as ``fn(payload, ctx)``, else as ``fn(payload)``.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    takes_context: bool
+
+    def call(self, payload: Any, ctx: JobContext) -> Any:
+        """Call the function (returns a coroutine for an async handler)."""
+        if self.takes_context:
+            return self.fn(payload, ctx)
+        return self.fn(payload)
+
+
+def _check_name(value: object, field: str = "name") -> str:
+    if not isinstance(value, str):
+        raise InvalidOption(f"{field} must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidOption(f"{field} must be a non-empty handler name, got {value!r}")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidOption(
+            f"{field} is {len(value)} characters; at most {MAX_NAME_LENGTH} are allowed"
+        )
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise InvalidOption(f"{field} must not contain control characters, got {value!r}")
+    return value
+
+
+def _is_async_callable(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - callable instances
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _takes_context(name: str, fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"handler {name!r}: cannot read the signature of {fn!r}; wrap it in a function "
+            f"taking (payload) or (payload, ctx)"
+        ) from exc
+    positional = [
+        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    var_positional = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
+    required = [p for p in positional if p.default is p.empty]
+    required_kw = [
+        p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if len(required) > 2 or required_kw or (not positional and not var_positional):
+        raise ConfigurationError(
+            f"handler {name!r}: {getattr(fn, '__qualname__', fn)!r}{sig} must accept "
+            f"(payload) or (payload, ctx)"
+        )
+    return len(positional) >= 2 or var_positional
+
+
+class DelayQ:
+    """Schedule durable delayed jobs and register the handlers that run them.
+
+    ``url`` names the store (``sqlite:///jobs.db``, ``memory://``,
+    ``redis://host/0``); when it is None, ``$DELAYQ_URL`` is used, else a SQLite
+    file ``delayq.db`` in the working directory. Alternatively pass an opened
+    ``backend=`` (the app then does not close it). ``backend_options`` go to the
+    store (``synchronous="FULL"``, ``result_ttl=...``).
+
+    ``max_attempts``, ``backoff`` and ``misfire`` are the defaults for jobs
+    scheduled through this app; each ``schedule`` call may override them. They
+    are stored with the job, so a worker always uses the policy the job was
+    scheduled with.
+
+    Thread-safe: ``_lock`` guards ``_handlers`` (registration); everything else
+    is immutable after construction or delegated to the thread-safe backend.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        backend: Backend | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: BackoffArg = None,
+        misfire: MisfireArg = "run",
+        **backend_options: Any,
+    ) -> None:
+        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
+            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes!r}")
+        if max_payload_bytes < 1:
+            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes}")
+        self.clock = clock
+        self.max_payload_bytes = max_payload_bytes
+        self._default_max_attempts = self._check_max_attempts(max_attempts)
+        self._default_backoff = self._backoff_spec(backoff)
+        self._default_misfire = self._misfire_spec(misfire)
+        self._lock = threading.Lock()
+        self._handlers: dict[str, Handler] = {}
+        if backend is not None:
+            if url is not None or backend_options:
+                raise ConfigurationError(
+                    "give either a url (with backend options) or an opened backend=, not both"
+                )
+            if not isinstance(backend, Backend):
+                raise ConfigurationError(
+                    f"backend= must implement the delayq Backend protocol, got {backend!r}"
+                )
+            self._backend = backend
+            self._owns_backend = False
+        else:
+            if url is None:
+                url = os.environ.get(URL_ENV) or None
+            self._backend = open_backend(url, clock=clock, **backend_options)
+            self._owns_backend = True
+        self._closed = False
+
+    # -- handlers -----------------------------------------------------------
+    def handler(self, name: str, *, replace: bool = False) -> Callable[[F], F]:
+        """Register the decorated function (sync or async) under ``name``.
+
+        The function is called as ``fn(payload)`` or, when it accepts a second
+        positional argument, ``fn(payload, ctx)`` with a :class:`JobContext`.
+        Registering a name twice is an error unless ``replace=True``.
+        """
+        _check_name(name)
+
+        def register(fn: F) -> F:
+            self.register(name, fn, replace=replace)
+            return fn
+
+        return register
+
+    def register(self, name: str, fn: Callable[..., Any], *, replace: bool = False) -> Handler:
+        """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
+        _check_name(name)
+        if not callable(fn):
+            raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
+        entry = Handler(
+            name=name,
+            fn=fn,
+            is_async=_is_async_callable(fn),
+            takes_context=_takes_context(name, fn),
+        )
+        with self._lock:
+            if name in self._handlers and not replace:
+                raise ConfigurationError(
+                    f"a handler is already registered as {name!r}; pass replace=True to swap it"
+                )
+            self._handlers[name] = entry
+        return entry
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        """A read-only snapshot of the registered handlers by name."""
+        with self._lock:
+            return MappingProxyType(dict(self._handlers))
+
+    def get_handler(self, name: str) -> Handler | None:
+        """The handler registered under ``name``, or None."""
+        with self._lock:
+            return self._handlers.get(name)
+
+    # -- producers ----------------------------------------------------------
+    def schedule(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+        job_id: str | None = None,
+        on_conflict: OnConflict = "reject",
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: MisfireArg = None,
+    ) -> str:
+        """Schedule handler ``name`` to run with ``payload``; return the job id.
+
+        Give exactly one of ``delay`` (seconds or a ``timedelta``; <= 0 means
+        now) or ``at`` (an aware ``datetime`` or epoch seconds; a past time means
+        now). ``job_id`` makes scheduling idempotent: an existing id is rejected
+        (:class:`~delayq.errors.JobConflict`), kept (``on_conflict="keep"``) or
+        replaced (``"replace"``, e.g. to debounce). ``payload`` must be JSON data.
+        """
+        policy = check_on_conflict(on_conflict)
+        spec = self._build(
+            name,
+            payload,
+            delay=delay,
+            at=at,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            misfire=misfire,
+            now=self.clock.time(),
+        )
+        self._backend.enqueue([spec], on_conflict=policy)
+        return spec.id
+
+    def schedule_many(
+        self, jobs: Iterable[Mapping[str, Any]], *, on_conflict: OnConflict = "reject"
+    ) -> list[str]:
+        """Schedule a batch atomically (one transaction); return the ids in order.
+
+        Each item is a mapping of :meth:`schedule`'s arguments (``name``,
+        ``payload``, ``delay`` or ``at``, ``job_id``, ``max_attempts``,
+        ``backoff``, ``misfire``). Every item is validated before anything is
+        stored; an error names the item (``jobs[3]: ...``).
+        """
+        policy = check_on_conflict(on_conflict)
+        now = self.clock.time()
+        specs: list[JobSpec] = []
+        seen: set[str] = set()
+        for i, item in enumerate(jobs):
+            try:
+                if not isinstance(item, Mapping):
+                    raise InvalidOption(
+                        f"each job must be a mapping of schedule() arguments, "
+                        f"got {type(item).__name__}"
+                    )
+                unknown = set(item) - _SCHEDULE_KEYS
+                if unknown:
+                    raise InvalidOption(
+                        f"unknown key(s) {sorted(unknown)}; accepted: {sorted(_SCHEDULE_KEYS)}"
+                    )
+                if "name" not in item:
+                    raise InvalidOption("missing the handler 'name'")
+                spec = self._build(
+                    item["name"],
+                    item.get("payload"),
+                    delay=item.get("delay"),
+                    at=item.get("at"),
+                    job_id=item.get("job_id"),
+                    max_attempts=item.get("max_attempts"),
+                    backoff=item.get("backoff"),
+                    misfire=item.get("misfire"),
+                    now=now,
+                )
+                if spec.id in seen:
+                    raise InvalidOption(f"job_id {spec.id!r} appears more than once in the batch")
+            except InvalidInput as exc:
+                raise type(exc)(f"jobs[{i}]: {exc}") from exc
+            seen.add(spec.id)
+            specs.append(spec)
+        if specs:
+            self._backend.enqueue(specs, on_conflict=policy)
+        return [s.id for s in specs]
+
+    def enqueue(
+        self, specs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]:
+        """Store already-built specs (see :meth:`build`) and report each outcome."""
+        return self._backend.enqueue(specs, on_conflict=check_on_conflict(on_conflict))
+
+    def build(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+        job_id: str | None = None,
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: MisfireArg = None,
+    ) -> JobSpec:
+        """Validate :meth:`schedule`'s arguments into a :class:`JobSpec` without storing it."""
+        return self._build(
+            name,
+            payload,
+            delay=delay,
+            at=at,
+            job_id=job_id,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            misfire=misfire,
+            now=self.clock.time(),
+        )
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Cancel a scheduled job: cancelled, running, finished or not found."""
+        return self._backend.cancel(check_job_id(job_id))
+
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+    ) -> RescheduleOutcome:
+        """Move a scheduled job to a new due time (exactly one of ``delay`` / ``at``)."""
+        job_id = check_job_id(job_id)
+        run_at = self._run_at(delay, at, self.clock.time())
+        return self._backend.reschedule(job_id, run_at)
+
+    # -- inspection and dead letters ----------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        """The job (state, attempts, due time, last error, outcome) or None."""
+        return self._backend.get(check_job_id(job_id))
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        due_after: WhenArg | None = None,
+        due_before: WhenArg | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs (optionally of one state, due within a window) in due-time order."""
+        if state is not None:
+            try:
+                state = JobState(state)
+            except ValueError:
+                known = ", ".join(s.value for s in JobState)
+                raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
+        return self._backend.list_jobs(
+            state=state,
+            due_after=None if due_after is None else check_datetime(due_after, "due_after"),
+            due_before=None if due_before is None else check_datetime(due_before, "due_before"),
+            limit=self._check_limit(limit),
+        )
+
+    def stats(self) -> Stats:
+        """Counts by state and the next due time."""
+        return self._backend.stats()
+
+    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        """Dead jobs with their last error, most recently buried first."""
+        return self._backend.dead_letters(limit=self._check_limit(limit))
+
+    def requeue(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+    ) -> bool:
+        """Give a dead job a fresh set of attempts, due now (or at ``delay`` / ``at``).
+
+        Returns False when there is no dead job with that id.
+        """
+        job_id = check_job_id(job_id)
+        now = self.clock.time()
+        run_at = now if delay is None and at is None else self._run_at(delay, at, now)
+        return self._backend.requeue_dead(job_id, run_at)
+
+    def purge_dead(
+        self,
+        *,
+        job_ids: Sequence[str] | None = None,
+        older_than: float | timedelta | None = None,
+    ) -> int:
+        """Delete dead jobs: all of them, those in ``job_ids``, or those dead for
+        more than ``older_than`` seconds. Returns how many were deleted."""
+        ids = None if job_ids is None else [check_job_id(j) for j in job_ids]
+        cutoff = None
+        if older_than is not None:
+            age = self._seconds(older_than, "older_than")
+            if age < 0:
+                raise InvalidOption(f"older_than must be >= 0 seconds, got {older_than!r}")
+            cutoff = self.clock.time() - age
+        return self._backend.purge_dead(job_ids=ids, older_than=cutoff)
+
+    # -- lifecycle ----------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        """The store this app talks to."""
+        return self._backend
+
+    @property
+    def url(self) -> str:
+        """The store's URL (credentials masked)."""
+        return self._backend.url
+
+    def close(self) -> None:
+        """Close the store if this app opened it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_backend:
+            self._backend.close()
+
+    def __enter__(self) -> DelayQ:
+        return self
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"DelayQ({self._backend.url!r}, handlers={sorted(self._handlers)})"
+
+    # -- validation ---------------------------------------------------------
+    def _build(
+        self,
+        name: object,
+        payload: Any,
+        *,
+        delay: Any,
+        at: Any,
+        job_id: Any,
+        max_attempts: Any,
+        backoff: Any,
+        misfire: Any,
+        now: float,
+    ) -> JobSpec:
+        return JobSpec(
+            id=uuid.uuid4().hex if job_id is None else check_job_id(job_id),
+            name=_check_name(name),
+            payload=encode_payload(payload, max_bytes=self.max_payload_bytes),
+            run_at=self._run_at(delay, at, now),
+            max_attempts=(
+                self._default_max_attempts
+                if max_attempts is None
+                else self._check_max_attempts(max_attempts)
+            ),
+            backoff=self._default_backoff if backoff is None else self._backoff_spec(backoff),
+            misfire=self._default_misfire if misfire is None else self._misfire_spec(misfire),
+            created_at=now,
+        )
+
+    @staticmethod
+    def _seconds(value: object, field: str) -> float:
+        if isinstance(value, timedelta):
+            return value.total_seconds()
+        return check_seconds(value, field)
+
+    def _run_at(self, delay: object, at: object, now: float) -> float:
+        if (delay is None) == (at is None):
+            raise InvalidOption(
+                "give exactly one of delay= (seconds from now) or at= (an aware datetime or "
+                "epoch seconds)"
+            )
+        if delay is not None:
+            seconds = self._seconds(delay, "delay")
+            if seconds > MAX_DELAY:
+                raise InvalidDelay(
+                    f"delay must be at most {MAX_DELAY:.0f} seconds (100 years), got {delay!r}"
+                )
+            # A delay <= 0 means "due now"; clamping keeps FIFO order among such jobs.
+            return now + max(0.0, seconds)
+        when = check_datetime(at, "at")
+        if when - now > MAX_DELAY:
+            raise InvalidDelay(f"at must be within 100 years from now, got {at!r}")
+        # A past due time means "due now" (not "overdue": that would trip misfire policies).
+        return max(now, when)
+
+    @staticmethod
+    def _check_max_attempts(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidOption(f"max_attempts must be an int >= 1, got {value!r}")
+        if value < 1:
+            raise InvalidOption(f"max_attempts must be an int >= 1, got {value}")
+        return value
+
+    @staticmethod
+    def _check_limit(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidOption(f"limit must be an int >= 1, got {value!r}")
+        return value
+
+    @staticmethod
+    def _backoff_spec(value: object) -> dict[str, Any]:
+        try:
+            policy = backoff_from_spec(value)  # type: ignore[arg-type]
+            spec = policy.to_spec()
+            backoff_from_spec(spec)  # a worker must be able to read it back
+        except InvalidInput as exc:
+            raise InvalidOption(f"backoff: {exc}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidOption(
+                f"backoff must be a Backoff policy, a spec dict, '2s,5s,10s,20s' or a list of "
+                f"seconds; got {value!r}"
+            ) from exc
+        return spec
+
+    @staticmethod
+    def _misfire_spec(value: object) -> str:
+        return Misfire.parse(value).to_spec()  # type: ignore[arg-type]
