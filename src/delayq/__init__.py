@@ -29,16 +29,21 @@ from delayq.errors import (
     UnknownHandler,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncDelayQueue",
     "BackendError",
     "BackendUnavailable",
     "Backoff",
     "CancelOutcome",
     "Clock",
     "ConfigurationError",
+    "DelayQueue",
+    "Delayed",
+    "DelayedItem",
     "DelayqError",
     "ExponentialBackoff",
     "InvalidDelay",

@@ -1,0 +1,589 @@
+"""Delay queues: a consumer gets an item only once its deadline has passed.
+
+:class:`DelayQueue` follows ``java.util.concurrent.DelayQueue``: an unbounded
+binary heap ordered by deadline, one lock, one condition, and the
+leader/follower pattern. The first consumer that finds a not-yet-due head
+becomes the *leader* and waits exactly until that deadline; every other
+consumer waits untimed. When the leader leaves (with an item or because its
+wait ended) it wakes one follower, which may become the next leader. A put
+that creates a new, earlier head resets the leader and wakes one consumer, so
+a waiting consumer learns at once about an earlier item. There is no polling
+interval, no busy waiting and no thread per item.
+
+:class:`AsyncDelayQueue` has the same semantics for one asyncio event loop.
+
+Deadlines are **monotonic** seconds from the queue's clock
+(``clock.monotonic()``). Items with equal deadlines come out in the order they
+were put (FIFO). Delays given to :meth:`DelayQueue.put_after` are validated:
+NaN, infinities, ``bool`` and strings raise :class:`~delayq.errors.InvalidDelay`
+naming the value; a negative delay means "already due", as in Java.
+
+Closing: after :meth:`DelayQueue.close` puts raise
+:class:`~delayq.errors.QueueClosed`; consumers still receive items that are
+already due, and instead of waiting for a future deadline they get
+``QueueClosed`` (blocked consumers are woken at once). Items that are not yet
+due stay in the queue for :meth:`DelayQueue.to_list` / :meth:`DelayQueue.clear`.
+This mirrors ``queue.Queue.shutdown(immediate=False)`` in Python 3.13.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import operator
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, MutableSequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast, runtime_checkable
+
+from delayq._validate import check_seconds
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.errors import InvalidOption, QueueClosed
+
+__all__ = ["AsyncDelayQueue", "DelayQueue", "Delayed", "DelayedItem"]
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+_INF = math.inf
+_deadline_of: Callable[[object], float] = operator.attrgetter("deadline")
+
+# A heap entry: (deadline, sequence number, item). Plain tuples compare in C;
+# the sequence number breaks ties FIFO and keeps items themselves from ever
+# being compared.
+_Entry = tuple[float, int, T]
+
+
+@runtime_checkable
+class Delayed(Protocol):
+    """Anything with a monotonic ``deadline`` (seconds, the clock's ``monotonic()``)."""
+
+    @property
+    def deadline(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedItem(Generic[T]):
+    """A plain value paired with its monotonic deadline.
+
+    Returned by :meth:`DelayQueue.put_after` / :meth:`DelayQueue.put_at` so the
+    caller can :meth:`~DelayQueue.remove` it later.
+    """
+
+    value: T
+    deadline: float
+
+
+def _check_deadline(deadline: float, name: str = "deadline") -> float:
+    """Fast path for the common ``float`` case, full validation otherwise."""
+    if deadline.__class__ is float and -_INF < deadline < _INF:
+        return deadline
+    return check_seconds(deadline, name)
+
+
+def _index_of(heap: list[_Entry[T]], item: T) -> int:
+    """Index of the earliest entry holding ``item`` (identity first, then ``==``), or -1."""
+    best = -1
+    for i, entry in enumerate(heap):
+        if entry[2] is item and (best < 0 or entry < heap[best]):
+            best = i
+    if best < 0:
+        for i, entry in enumerate(heap):
+            if entry[2] == item and (best < 0 or entry < heap[best]):
+                best = i
+    return best
+
+
+def _remove_at(heap: list[_Entry[T]], index: int) -> None:
+    last = heap.pop()
+    if index < len(heap):
+        heap[index] = last
+        heapq.heapify(heap)
+
+
+def _check_max_items(max_items: int | None) -> int:
+    if max_items is None:
+        return -1
+    if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 0:
+        raise InvalidOption(f"max_items must be None or an int >= 0, got {max_items!r}")
+    return max_items
+
+
+def _sink_adder(sink: MutableSequence[T] | Callable[[T], object]) -> Callable[[T], object]:
+    if callable(sink):
+        return sink
+    return sink.append
+
+
+class DelayQueue(Generic[T]):
+    """An unbounded, thread-safe queue whose items come out only when due.
+
+    ``key(item)`` returns the item's monotonic deadline; by default the item's
+    ``deadline`` attribute is read (see :class:`Delayed`). The deadline is read
+    once, when the item is put.
+
+    Lock rule: ``_lock`` guards ``_heap``, ``_leader`` and ``_closed``.
+    ``_available`` is the one condition on ``_lock``: consumers wait on it, and
+    it is notified when a new head arrives, when a leader leaves, and on close.
+    No user code (``key`` is the exception: it runs before the lock is taken;
+    a ``drain_to`` sink runs after it is released) runs under the lock.
+    """
+
+    __slots__ = (
+        "_available",
+        "_clock",
+        "_closed",
+        "_heap",
+        "_key",
+        "_leader",
+        "_lock",
+        "_monotonic",
+        "_seq",
+        "_wait",
+    )
+
+    def __init__(
+        self, *, clock: Clock = SYSTEM_CLOCK, key: Callable[[T], float] | None = None
+    ) -> None:
+        self._clock = clock
+        self._monotonic = clock.monotonic
+        self._wait = clock.wait
+        self._key: Callable[[T], float] = key if key is not None else _deadline_of
+        self._lock = threading.Lock()
+        self._available = threading.Condition(self._lock)
+        self._heap: list[_Entry[T]] = []
+        self._seq = itertools.count()
+        self._leader: int | None = None
+        self._closed = False
+
+    # -- producing ---------------------------------------------------------
+    def put(self, item: T) -> None:
+        """Add ``item``; it becomes available at ``key(item)``.
+
+        Never blocks (the queue is unbounded). Raises
+        :class:`~delayq.errors.QueueClosed` after :meth:`close`.
+        """
+        deadline = self._key(item)
+        if not (deadline.__class__ is float and -_INF < deadline < _INF):
+            deadline = check_seconds(deadline, "deadline")
+        self._push(deadline, item)
+
+    def offer(self, item: T) -> bool:
+        """Add ``item`` and return True (the queue is unbounded; Java's name)."""
+        self.put(item)
+        return True
+
+    def put_after(self: DelayQueue[DelayedItem[V]], value: V, delay: float) -> DelayedItem[V]:
+        """Put ``value`` due ``delay`` seconds from now; return the stored item.
+
+        ``delay`` must be a finite real number (``InvalidDelay`` otherwise); a
+        negative delay means the value is already due.
+        """
+        seconds = check_seconds(delay, "delay")
+        return self.put_at(value, self._monotonic() + seconds)
+
+    def put_at(self: DelayQueue[DelayedItem[V]], value: V, deadline: float) -> DelayedItem[V]:
+        """Put ``value`` due at monotonic time ``deadline``; return the stored item."""
+        item = DelayedItem(value, _check_deadline(deadline))
+        self._push(item.deadline, item)
+        return item
+
+    def _push(self, deadline: float, item: T) -> None:
+        with self._lock:
+            if self._closed:
+                raise QueueClosed("cannot put into a closed DelayQueue")
+            heap = self._heap
+            entry = (deadline, next(self._seq), item)
+            heapq.heappush(heap, entry)
+            if heap[0] is entry:
+                # A new head: whoever waits timed waits for the wrong deadline.
+                self._leader = None
+                self._available.notify()
+
+    # -- consuming ---------------------------------------------------------
+    def take(self) -> T:
+        """Remove and return the earliest item, waiting until it is due.
+
+        Raises :class:`~delayq.errors.QueueClosed` once the queue is closed
+        and no item is due (a consumer blocked here is woken by :meth:`close`).
+        """
+        heap = self._heap
+        monotonic = self._monotonic
+        wait = self._wait
+        cond = self._available
+        with self._lock:
+            try:
+                while True:
+                    if heap:
+                        delay = heap[0][0] - monotonic()
+                        if delay <= 0:
+                            return heapq.heappop(heap)[2]
+                        if self._closed:
+                            raise QueueClosed("DelayQueue is closed and no item is due")
+                        if self._leader is not None:
+                            wait(cond, None)
+                        else:
+                            me = threading.get_ident()
+                            self._leader = me
+                            try:
+                                wait(cond, delay)
+                            finally:
+                                if self._leader == me:
+                                    self._leader = None
+                    elif self._closed:
+                        raise QueueClosed("DelayQueue is closed and empty")
+                    else:
+                        wait(cond, None)
+            finally:
+                if self._leader is None and heap:
+                    cond.notify()
+
+    def poll(self, timeout: float | None = None) -> T | None:
+        """Remove and return the earliest item if it is due, else None.
+
+        With ``timeout`` > 0, wait up to that many seconds for an item to
+        become due. ``None`` or ``0`` never waits. Raises
+        :class:`~delayq.errors.QueueClosed` when the queue is closed and no
+        item is due.
+        """
+        heap = self._heap
+        monotonic = self._monotonic
+        if timeout is None or (timeout.__class__ in (int, float) and timeout <= 0):
+            with self._lock:
+                if heap and heap[0][0] <= monotonic():
+                    item = heapq.heappop(heap)[2]
+                    if self._leader is None and heap:
+                        self._available.notify()
+                    return item
+                if self._closed:
+                    raise QueueClosed("DelayQueue is closed and no item is due")
+                return None
+        seconds = check_seconds(timeout, "timeout")
+        wait = self._wait
+        cond = self._available
+        with self._lock:
+            end = monotonic() + seconds
+            try:
+                while True:
+                    now = monotonic()
+                    if heap:
+                        delay = heap[0][0] - now
+                        if delay <= 0:
+                            return heapq.heappop(heap)[2]
+                    else:
+                        delay = _INF
+                    if self._closed:
+                        raise QueueClosed("DelayQueue is closed and no item is due")
+                    remaining = end - now
+                    if remaining <= 0:
+                        return None
+                    if remaining < delay or self._leader is not None:
+                        # Our own timeout comes first (or someone else leads).
+                        wait(cond, remaining)
+                    else:
+                        me = threading.get_ident()
+                        self._leader = me
+                        try:
+                            wait(cond, delay)
+                        finally:
+                            if self._leader == me:
+                                self._leader = None
+            finally:
+                if self._leader is None and heap:
+                    cond.notify()
+
+    def drain_to(
+        self, sink: MutableSequence[T] | Callable[[T], object], max_items: int | None = None
+    ) -> int:
+        """Move every due item (at most ``max_items``) to ``sink``; return how many.
+
+        ``sink`` is a list-like (its ``append`` is used) or a callable taking
+        one item. Items are removed under the lock and handed to ``sink``
+        after it is released, in due order. Works after :meth:`close` too.
+        """
+        limit = _check_max_items(max_items)
+        add = _sink_adder(sink)
+        out: list[T] = []
+        heap = self._heap
+        with self._lock:
+            now = self._monotonic()
+            while heap and heap[0][0] <= now and len(out) != limit:
+                out.append(heapq.heappop(heap)[2])
+            if out and self._leader is None and heap:
+                self._available.notify()
+        for item in out:
+            add(item)
+        return len(out)
+
+    # -- inspecting and housekeeping ----------------------------------------
+    def peek(self) -> T | None:
+        """The earliest item, due or not, without removing it; None if empty."""
+        with self._lock:
+            return self._heap[0][2] if self._heap else None
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic deadline in the queue, or None if empty."""
+        with self._lock:
+            return self._heap[0][0] if self._heap else None
+
+    def remove(self, item: T) -> bool:
+        """Remove one occurrence of ``item`` (the earliest due); True if found.
+
+        Matches by identity first, then by ``==``. O(n), like Java's
+        ``DelayQueue.remove``: use a timing wheel when cancellations are frequent.
+        """
+        with self._lock:
+            index = _index_of(self._heap, item)
+            if index < 0:
+                return False
+            # A removed head leaves the leader waiting for a later deadline: it
+            # wakes early and re-waits, which is harmless.
+            _remove_at(self._heap, index)
+            return True
+
+    def clear(self) -> None:
+        """Remove every item, due or not."""
+        with self._lock:
+            self._heap.clear()
+
+    def to_list(self) -> list[T]:
+        """A snapshot of every item, due or not, in due order (not removed)."""
+        with self._lock:
+            entries = sorted(self._heap)
+        return [e[2] for e in entries]
+
+    def close(self) -> None:
+        """Refuse further puts and wake every blocked consumer.
+
+        Consumers still get items that are already due; when none is due
+        they raise :class:`~delayq.errors.QueueClosed` instead of waiting.
+        Idempotent.
+        """
+        with self._lock:
+            self._closed = True
+            self._available.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[T]:
+        """Iterate over a snapshot in due order (see :meth:`to_list`)."""
+        return iter(self.to_list())
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<DelayQueue {state} len={len(self._heap)} next_deadline={self.next_deadline()}>"
+
+
+class AsyncDelayQueue(Generic[T]):
+    """:class:`DelayQueue` for one asyncio event loop.
+
+    ``put`` is synchronous (the queue is unbounded); ``await take()`` and
+    ``await get(timeout)`` wait for due items with the same leader/follower
+    rule: one waiting task sleeps until the head's deadline, the others until
+    woken. Not thread-safe: from another thread use
+    ``loop.call_soon_threadsafe(queue.put, item)``.
+
+    State (``_heap``, ``_leader``, ``_waiters``, ``_closed``) is touched only
+    from the event loop thread, so no lock is needed. ``_waiters`` holds one
+    ``asyncio.Event`` per waiting task, oldest first; waking "one" sets the
+    oldest unset event.
+    """
+
+    __slots__ = ("_clock", "_closed", "_heap", "_key", "_leader", "_monotonic", "_seq", "_waiters")
+
+    def __init__(
+        self, *, clock: Clock = SYSTEM_CLOCK, key: Callable[[T], float] | None = None
+    ) -> None:
+        self._clock = clock
+        self._monotonic = clock.monotonic
+        self._key: Callable[[T], float] = key if key is not None else _deadline_of
+        self._heap: list[_Entry[T]] = []
+        self._seq = itertools.count()
+        self._leader: asyncio.Event | None = None
+        self._waiters: deque[asyncio.Event] = deque()
+        self._closed = False
+
+    # -- producing ---------------------------------------------------------
+    def put(self, item: T) -> None:
+        """Add ``item`` (due at ``key(item)``); raises QueueClosed after close."""
+        deadline = self._key(item)
+        if not (deadline.__class__ is float and -_INF < deadline < _INF):
+            deadline = check_seconds(deadline, "deadline")
+        self._push(deadline, item)
+
+    def offer(self, item: T) -> bool:
+        """Add ``item`` and return True (the queue is unbounded)."""
+        self.put(item)
+        return True
+
+    def put_after(self: AsyncDelayQueue[DelayedItem[V]], value: V, delay: float) -> DelayedItem[V]:
+        """Put ``value`` due ``delay`` seconds from now (negative = already due)."""
+        seconds = check_seconds(delay, "delay")
+        return self.put_at(value, self._monotonic() + seconds)
+
+    def put_at(self: AsyncDelayQueue[DelayedItem[V]], value: V, deadline: float) -> DelayedItem[V]:
+        """Put ``value`` due at monotonic time ``deadline``; return the stored item."""
+        item = DelayedItem(value, _check_deadline(deadline))
+        self._push(item.deadline, item)
+        return item
+
+    def _push(self, deadline: float, item: T) -> None:
+        if self._closed:
+            raise QueueClosed("cannot put into a closed AsyncDelayQueue")
+        heap = self._heap
+        entry = (deadline, next(self._seq), item)
+        heapq.heappush(heap, entry)
+        if heap[0] is entry:
+            self._leader = None
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        for event in self._waiters:
+            if not event.is_set():
+                event.set()
+                return
+
+    # -- consuming ---------------------------------------------------------
+    async def take(self) -> T:
+        """Remove and return the earliest item, waiting until it is due.
+
+        Raises QueueClosed once closed and no item is due.
+        """
+        # Without a timeout _get only returns an item (which may itself be None).
+        return cast(T, await self._get(None))
+
+    async def get(self, timeout: float | None = None) -> T | None:
+        """Like :meth:`take`, but give up after ``timeout`` seconds and return None.
+
+        ``timeout=None`` waits as long as needed (same as :meth:`take`).
+        """
+        if timeout is None:
+            return await self._get(None)
+        return await self._get(check_seconds(timeout, "timeout"))
+
+    async def _get(self, timeout: float | None) -> T | None:
+        heap = self._heap
+        monotonic = self._monotonic
+        wait_async = self._clock.wait_async
+        end = None if timeout is None else monotonic() + timeout
+        event: asyncio.Event | None = None
+        try:
+            while True:
+                now = monotonic()
+                if heap:
+                    delay = heap[0][0] - now
+                    if delay <= 0:
+                        return heapq.heappop(heap)[2]
+                else:
+                    delay = _INF
+                if self._closed:
+                    raise QueueClosed("AsyncDelayQueue is closed and no item is due")
+                remaining = _INF if end is None else end - now
+                if remaining <= 0:
+                    return None
+                if event is None:
+                    event = asyncio.Event()
+                    self._waiters.append(event)
+                else:
+                    event.clear()
+                if heap and self._leader is None and delay <= remaining:
+                    self._leader = event
+                    try:
+                        await wait_async(event, delay)
+                    finally:
+                        if self._leader is event:
+                            self._leader = None
+                else:
+                    await wait_async(event, None if remaining == _INF else remaining)
+        finally:
+            if event is not None:
+                self._waiters.remove(event)
+            if self._leader is None and heap:
+                self._wake_one()
+
+    def poll(self) -> T | None:
+        """Remove and return the earliest item if due, else None; never waits."""
+        heap = self._heap
+        if heap and heap[0][0] <= self._monotonic():
+            item = heapq.heappop(heap)[2]
+            if self._leader is None and heap:
+                self._wake_one()
+            return item
+        if self._closed:
+            raise QueueClosed("AsyncDelayQueue is closed and no item is due")
+        return None
+
+    def drain_to(
+        self, sink: MutableSequence[T] | Callable[[T], object], max_items: int | None = None
+    ) -> int:
+        """Move every due item (at most ``max_items``) to ``sink``; return how many."""
+        limit = _check_max_items(max_items)
+        add = _sink_adder(sink)
+        heap = self._heap
+        now = self._monotonic()
+        out: list[T] = []
+        while heap and heap[0][0] <= now and len(out) != limit:
+            out.append(heapq.heappop(heap)[2])
+        if out and self._leader is None and heap:
+            self._wake_one()
+        for item in out:
+            add(item)
+        return len(out)
+
+    # -- inspecting and housekeeping ----------------------------------------
+    def peek(self) -> T | None:
+        """The earliest item, due or not, without removing it; None if empty."""
+        return self._heap[0][2] if self._heap else None
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic deadline in the queue, or None if empty."""
+        return self._heap[0][0] if self._heap else None
+
+    def remove(self, item: T) -> bool:
+        """Remove one occurrence of ``item`` (identity first, then ``==``); O(n)."""
+        index = _index_of(self._heap, item)
+        if index < 0:
+            return False
+        _remove_at(self._heap, index)
+        return True
+
+    def clear(self) -> None:
+        """Remove every item, due or not."""
+        self._heap.clear()
+
+    def to_list(self) -> list[T]:
+        """A snapshot of every item in due order (not removed)."""
+        return [e[2] for e in sorted(self._heap)]
+
+    def close(self) -> None:
+        """Refuse further puts and wake every waiting task (they raise QueueClosed
+        unless an item is due). Idempotent."""
+        self._closed = True
+        for event in self._waiters:
+            event.set()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.to_list())
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<AsyncDelayQueue {state} len={len(self._heap)} next_deadline={self.next_deadline()}>"
+        )
