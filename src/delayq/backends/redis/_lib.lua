@@ -1,0 +1,180 @@
+-- delayq shared prelude: prepended to every script below before it is loaded.
+-- It is not a state change by itself. Every script receives the same KEYS and
+-- the same first four ARGV, so the prelude can name them once:
+--
+-- KEYS[1] due        ZSET  member = 16-digit sequence .. job id, score = run_at in ms
+-- KEYS[2] running    ZSET  member = job id, score = lease deadline in ms
+-- KEYS[3] dead       ZSET  member = job id, score = buried time in ms
+-- KEYS[4] seq        STRING counter giving due members their FIFO sequence
+-- KEYS[5] token      STRING counter of fencing tokens
+-- KEYS[6] wake       LIST  wake-up tokens for workers blocked in BLPOP
+-- KEYS[7] succeeded  ZSET  member = job id, score = record expiry in ms
+-- KEYS[8] cancelled  ZSET  (same)
+-- KEYS[9] skipped    ZSET  (same)
+-- ARGV[1] job key prefix: a job's hash is ARGV[1] .. id (same hash tag as KEYS)
+-- ARGV[2] now in epoch seconds, or "" to use the server clock (TIME)
+-- ARGV[3] result_ttl in ms: how long finished records are kept (<= 0: not kept)
+-- ARGV[4] shadow key prefix for the expiry trigger, or "" when it is off
+--
+-- Job hashes are built from ARGV[1] rather than passed in KEYS because claim
+-- cannot know them in advance; they carry the queue's hash tag, so on Redis
+-- Cluster they live in the same slot as KEYS.
+
+local K_DUE, K_RUNNING, K_DEAD = KEYS[1], KEYS[2], KEYS[3]
+local K_SEQ, K_TOKEN, K_WAKE = KEYS[4], KEYS[5], KEYS[6]
+local K_DONE = {succeeded = KEYS[7], cancelled = KEYS[8], skipped = KEYS[9]}
+local JOB_PREFIX = ARGV[1]
+local RESULT_TTL_MS = tonumber(ARGV[3])
+local SHADOW_PREFIX = ARGV[4]
+
+-- Lua's tostring keeps only 14 significant digits: format floats explicitly.
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+local NOW
+if ARGV[2] ~= '' then
+  NOW = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local NOW_MS = NOW * 1000
+
+local function job_key(id)
+  return JOB_PREFIX .. id
+end
+
+-- Put job `id` in the due set at `run_at` (seconds). Ties are claimed in
+-- enqueue order: the member starts with the job's fixed-width sequence number
+-- (ZSET ties are ordered by member). A job keeps its sequence number when it is
+-- retried, rescheduled or requeued; `fresh` gives it a new one (enqueue).
+local function schedule(key, id, run_at, fresh)
+  local seq = (not fresh) and redis.call('HGET', key, 'seq')
+  if not seq then
+    seq = redis.call('INCR', K_SEQ)
+    redis.call('HSET', key, 'seq', seq)
+  end
+  local member = string.format('%016d', tonumber(seq)) .. id
+  local score = run_at * 1000
+  redis.call('ZADD', K_DUE, score, member)
+  redis.call('HSET', key, 'member', member)
+  if SHADOW_PREFIX ~= '' then
+    local ms = math.max(1, math.ceil(score - NOW_MS))
+    redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', ms)
+  end
+  return member
+end
+
+-- Take a scheduled job out of the due set.
+local function unschedule(key, id)
+  local member = redis.call('HGET', key, 'member')
+  if member then
+    redis.call('ZREM', K_DUE, member)
+    redis.call('HDEL', key, 'member')
+  end
+  if SHADOW_PREFIX ~= '' then
+    redis.call('DEL', SHADOW_PREFIX .. id)
+  end
+end
+
+local function head_member()
+  return redis.call('ZRANGE', K_DUE, 0, 0)[1]
+end
+
+-- Wake one blocked worker when the head of the due set changed. The list
+-- holds at most one token: a token nobody takes costs one spurious wake-up.
+local function wake_if_head_changed(before)
+  local after = head_member()
+  if after and after ~= before then
+    redis.call('LPUSH', K_WAKE, '1')
+    redis.call('LTRIM', K_WAKE, 0, 0)
+    return 1
+  end
+  return 0
+end
+
+-- The state of job `id`, or nil when it does not exist. A finished record
+-- past its result_ttl counts as gone (and is deleted) even before Redis expires
+-- it, so an injected test clock sees the same rule as the server clock.
+local function live_state(key, id)
+  local state = redis.call('HGET', key, 'state')
+  if state and K_DONE[state] then
+    local expiry = redis.call('ZSCORE', K_DONE[state], id)
+    if not expiry or tonumber(expiry) <= NOW_MS then
+      redis.call('ZREM', K_DONE[state], id)
+      redis.call('DEL', key)
+      return nil
+    end
+  end
+  return state
+end
+
+-- Epoch seconds as UTC ISO 8601 with milliseconds, like Python's
+-- datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").
+local function format_time(epoch)
+  local us = math.floor(epoch * 1000000 + 0.5)
+  local secs = math.floor(us / 1000000)
+  local ms = math.floor((us % 1000000) / 1000)
+  local days = math.floor(secs / 86400)
+  local rem = secs % 86400
+  -- civil_from_days (H. Hinnant)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03d+00:00', y, m, d,
+    math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms)
+end
+
+-- Record a final state (succeeded / cancelled / skipped); the record expires.
+local function finish(key, id, state)
+  if RESULT_TTL_MS <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('ZADD', K_DONE[state], NOW_MS + RESULT_TTL_MS, id)
+  redis.call('PEXPIRE', key, math.ceil(RESULT_TTL_MS))
+end
+
+-- Move a job to the dead-letter set (kept until purged or requeued).
+local function bury(key, id, err)
+  redis.call('HSET', key, 'state', 'dead', 'last_error', err, 'updated_at', fmt(NOW))
+  redis.call('HDEL', key, 'lease_until')
+  redis.call('ZADD', K_DEAD, NOW_MS, id)
+end
+
+-- nil when `token` is the job's current claim, else the reply a stale claim
+-- gets: {0, state or "", token or ""} (for the StaleClaim message).
+local function stale(key, token)
+  local fields = redis.call('HMGET', key, 'state', 'token')
+  if fields[1] == 'running' and fields[2] == token then
+    return nil
+  end
+  return {0, fields[1] or '', fields[2] or ''}
+end
+
+local function is_final(state)
+  return state == 'succeeded' or state == 'cancelled' or state == 'skipped' or state == 'dead'
+end
+
+-- Forget where a finished job was indexed (before it is replaced or requeued).
+local function unindex_final(key, id, state)
+  if state == 'dead' then
+    redis.call('ZREM', K_DEAD, id)
+  elseif K_DONE[state] then
+    redis.call('ZREM', K_DONE[state], id)
+  end
+  redis.call('PERSIST', key)
+end
+
+-- ---------------------------------------------------------------------------

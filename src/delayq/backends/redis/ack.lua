@@ -1,0 +1,24 @@
+-- ack: finish a claimed job as succeeded or skipped (checks the fencing token).
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[5]   job id
+-- ARGV[6]   fencing token of the claim
+-- ARGV[7]   final state: "succeeded" | "skipped"
+-- ARGV[8]   outcome note, or "" for none
+-- Returns {1}, or {0, state, token} when the claim is stale.
+local id, token, state, outcome = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local key = job_key(id)
+local is_stale = stale(key, token)
+if is_stale then
+  return is_stale
+end
+redis.call('ZREM', K_RUNNING, id)
+redis.call('HSET', key, 'state', state, 'updated_at', fmt(NOW))
+redis.call('HDEL', key, 'lease_until')
+if outcome ~= '' then
+  redis.call('HSET', key, 'outcome', outcome)
+else
+  redis.call('HDEL', key, 'outcome')
+end
+finish(key, id, state)
+return {1}

@@ -1,0 +1,19 @@
+-- cancel: cancel a scheduled job, or say why not.
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[5]   job id
+-- Returns "cancelled" | "running" | "finished" | "not_found".
+local id = ARGV[5]
+local key = job_key(id)
+local state = live_state(key, id)
+if not state then
+  return 'not_found'
+elseif state == 'running' then
+  return 'running'
+elseif state ~= 'scheduled' then
+  return 'finished'
+end
+unschedule(key, id)
+redis.call('HSET', key, 'state', 'cancelled', 'outcome', 'cancelled', 'updated_at', fmt(NOW))
+finish(key, id, 'cancelled')
+return 'cancelled'

@@ -1,0 +1,76 @@
+-- claim: hand up to `limit` due jobs to one worker under a lease.
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[5]   limit: the most jobs to claim
+-- ARGV[6]   lease in seconds
+-- ARGV[7]   the most expired leases to recover in this call
+-- Returns {now, lease_until, id1, fields1, id2, fields2, ...}: fields is the job's HGETALL
+-- after the claim.
+--
+-- First, expired leases go back to the due set (due at once), or to the
+-- dead-letter set when the job has used all its attempts: no reaper process is
+-- needed. Then due jobs are claimed in (run_at, enqueue order). When more due
+-- jobs remain, one more worker is woken (the wake-up passes on like a baton).
+local limit = tonumber(ARGV[5])
+local lease = tonumber(ARGV[6])
+local max_recover = tonumber(ARGV[7])
+local now = fmt(NOW)
+
+-- Finished records expire by themselves; drop them from the per-state indexes.
+for _, k in pairs(K_DONE) do
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', fmt(NOW_MS))
+end
+
+local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
+for _, id in ipairs(expired) do
+  local key = job_key(id)
+  redis.call('ZREM', K_RUNNING, id)
+  local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+  if f[1] == 'running' then
+    local attempts, max_attempts = tonumber(f[2]), tonumber(f[3])
+    -- The messages mirror lease_expired_error / lease_expired_note in _common.py.
+    local at = format_time(tonumber(f[4]))
+    if attempts >= max_attempts then
+      bury(key, id, string.format('lease expired at %s after %d attempts (max_attempts=%d): '
+        .. 'the worker holding it stopped or hung', at, attempts, max_attempts))
+    else
+      -- Due again from the moment its lease ran out: lateness (and the misfire
+      -- policy) is measured from there, not from the first due time.
+      local note = string.format('lease expired at %s during attempt %d: the worker holding '
+        .. 'it stopped or hung; returned to the due set', at, attempts)
+      redis.call('HSET', key, 'state', 'scheduled', 'run_at', f[4], 'last_error', note,
+        'updated_at', now)
+      redis.call('HDEL', key, 'lease_until')
+      schedule(key, id, tonumber(f[4]), false)
+    end
+  end
+end
+
+local lease_until = NOW + lease
+local lease_until_s = fmt(lease_until)
+local result = {now, lease_until_s}
+local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+for _, member in ipairs(members) do
+  local id = string.sub(member, 17)
+  local key = job_key(id)
+  redis.call('ZREM', K_DUE, member)
+  if SHADOW_PREFIX ~= '' then
+    redis.call('DEL', SHADOW_PREFIX .. id)
+  end
+  if redis.call('HGET', key, 'state') == 'scheduled' then
+    local token = redis.call('INCR', K_TOKEN)
+    redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
+      'updated_at', now)
+    redis.call('HDEL', key, 'member')
+    redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
+    result[#result + 1] = id
+    result[#result + 1] = redis.call('HGETALL', key)
+  end
+end
+
+if #members == limit and redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, 1)[1] then
+  redis.call('LPUSH', K_WAKE, '1')
+  redis.call('LTRIM', K_WAKE, 0, 0)
+end
+return result

@@ -1,0 +1,67 @@
+-- enqueue: store a batch of jobs atomically (all or none).
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[5]   on_conflict: "reject" | "keep" | "replace"
+-- ARGV[6]   n, the number of jobs; then 8 fields per job from ARGV[7]:
+--           id, name, payload, run_at (s), max_attempts, backoff (JSON), misfire,
+--           created_at (s; 0 = now)
+-- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced",
+-- or {"conflict", id, state} when nothing was stored.
+local on_conflict = ARGV[5]
+local n = tonumber(ARGV[6])
+local FIELDS = 8
+
+-- Pass 1: decide every outcome before writing anything (a failing check must
+-- leave the store untouched; Lua scripts do not roll back).
+local outcomes = {}
+local seen = {}
+for i = 0, n - 1 do
+  local id = ARGV[7 + i * FIELDS]
+  local state = seen[id] or live_state(job_key(id), id)
+  if not state then
+    outcomes[i] = 'created'
+  elseif on_conflict == 'keep' then
+    outcomes[i] = 'kept'
+  elseif on_conflict == 'replace' and state ~= 'running' then
+    outcomes[i] = 'replaced'
+  else
+    return {'conflict', id, state}
+  end
+  if outcomes[i] ~= 'kept' then
+    seen[id] = 'scheduled'
+  end
+end
+
+-- Pass 2: write.
+local before = head_member()
+local now = fmt(NOW)
+local result = {'ok', 0}
+for i = 0, n - 1 do
+  local base = 7 + i * FIELDS
+  local id = ARGV[base]
+  local key = job_key(id)
+  if outcomes[i] == 'replaced' then
+    local state = redis.call('HGET', key, 'state')
+    if state == 'scheduled' then
+      unschedule(key, id)
+    elseif state then
+      unindex_final(key, id, state)
+    end
+    redis.call('DEL', key)
+  end
+  if outcomes[i] ~= 'kept' then
+    local created_at = ARGV[base + 7]
+    if tonumber(created_at) == 0 then
+      created_at = now
+    end
+    redis.call('HSET', key,
+      'name', ARGV[base + 1], 'payload', ARGV[base + 2], 'run_at', ARGV[base + 3],
+      'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[base + 4],
+      'backoff', ARGV[base + 5], 'misfire', ARGV[base + 6], 'created_at', created_at,
+      'updated_at', now)
+    schedule(key, id, tonumber(ARGV[base + 3]), true)
+  end
+  result[#result + 1] = outcomes[i]
+end
+result[2] = wake_if_head_changed(before)
+return result

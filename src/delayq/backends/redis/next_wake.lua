@@ -1,0 +1,20 @@
+-- next_wake: how long a worker may sleep: milliseconds until the head of the
+-- due set is due or the earliest lease expires, on the server's clock.
+-- Read-only.
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- Returns the milliseconds as text (may be <= 0: something is claimable now), or "" when
+-- there is nothing to wait for.
+local best = nil
+local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+if head[2] then
+  best = tonumber(head[2])
+end
+local lease = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
+if lease[2] and (not best or tonumber(lease[2]) < best) then
+  best = tonumber(lease[2])
+end
+if not best then
+  return ''
+end
+return fmt(best - NOW_MS)

@@ -1,0 +1,21 @@
+-- reschedule: move a scheduled job to a new due time, or say why not.
+-- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[5]   job id
+-- ARGV[6]   run_at in epoch seconds
+-- Returns {"rescheduled" | "running" | "finished" | "not_found", woke (0/1)}.
+local id, run_at = ARGV[5], ARGV[6]
+local key = job_key(id)
+local state = live_state(key, id)
+if not state then
+  return {'not_found', 0}
+elseif state == 'running' then
+  return {'running', 0}
+elseif state ~= 'scheduled' then
+  return {'finished', 0}
+end
+local before = head_member()
+unschedule(key, id)
+redis.call('HSET', key, 'run_at', run_at, 'updated_at', fmt(NOW))
+schedule(key, id, tonumber(run_at), false)
+return {'rescheduled', wake_if_head_changed(before)}
