@@ -165,6 +165,7 @@ class Peer:
     distribution: str  # whose version the table shows
     modules: tuple[str, ...]  # must all be importable, else the row is skipped
     defaults: str  # the shipped settings that bound its lateness (the notes column)
+    key_patterns: tuple[str, ...]  # every Redis key it creates matches one of these
     worker_argv: Callable[[], list[str]]
     enqueue: Callable[[str, Sequence[Job]], None]  # (redis url, jobs), one call per job
 
@@ -236,6 +237,7 @@ PEERS: tuple[Peer, ...] = (
         name="arq",
         distribution="arq",
         modules=("arq",),
+        key_patterns=("arq:*",),
         defaults="polls its ZSET every 0.5 s (poll_delay); max_jobs 10",
         worker_argv=_python_m("arq", "bench._peer_arq.WorkerSettings"),
         enqueue=_arq_enqueue,
@@ -244,6 +246,7 @@ PEERS: tuple[Peer, ...] = (
         name="saq",
         distribution="saq",
         modules=("saq",),
+        key_patterns=("saq:*",),
         defaults="scheduler moves due jobs every 1 s (timers.schedule); concurrency 10",
         worker_argv=_python_m("saq", "bench._peer_saq.settings"),
         enqueue=_saq_enqueue,
@@ -252,6 +255,7 @@ PEERS: tuple[Peer, ...] = (
         name="dramatiq",
         distribution="dramatiq",
         modules=("dramatiq",),
+        key_patterns=("dramatiq:*",),
         defaults=(
             "worker holds delayed messages in memory, re-enqueues them when due; "
             "Redis consumers back off up to worker_timeout 1 s; 8 threads"
@@ -263,6 +267,7 @@ PEERS: tuple[Peer, ...] = (
         name="rq",
         distribution="rq",
         modules=("rq",),
+        key_patterns=("rq:*",),
         defaults=(
             "scheduler every 1 s, whole-second scores, 1,000 jobs per pass; "
             "forks a work horse per job"
@@ -283,6 +288,7 @@ PEERS: tuple[Peer, ...] = (
         name="huey",
         distribution="huey",
         modules=("huey",),
+        key_patterns=("huey.*",),
         defaults="scheduler every 1 s (-s 1); 1 worker thread",
         worker_argv=_python_m("huey.bin.huey_consumer", "bench._peer_huey.huey"),
         enqueue=_huey_enqueue,
@@ -338,21 +344,24 @@ def claim_database(base_url: str, db: int | None) -> str:
     )
 
 
-def delete_keys(url: str, *, keep_claim: bool) -> int:
-    """Delete every key of the run's database (which was empty when claimed)."""
+def delete_keys(url: str, patterns: Sequence[str]) -> int:
+    """Delete the keys matching ``patterns`` (the systems' own key families) in the run's db.
+
+    Only the benchmarked systems' key families are deleted, never "everything", so that even
+    a database someone else started using meanwhile keeps its other keys.
+    """
     client = _redis(url)
     deleted = 0
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(count=1000):
-            if keep_claim and key == CLAIM_KEY.encode():
-                continue
-            batch.append(key)
-            if len(batch) >= 1000:
+        for pattern in patterns:
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 1000:
+                    deleted += client.unlink(*batch)
+                    batch.clear()
+            if batch:
                 deleted += client.unlink(*batch)
-                batch.clear()
-        if batch:
-            deleted += client.unlink(*batch)
     finally:
         client.close()
     return deleted
@@ -595,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows.append(_skipped(peer.name, note))
                     continue
                 _log(f"{peer.name} {_version(peer.distribution)}:")
-                delete_keys(url, keep_claim=True)
+                delete_keys(url, peer.key_patterns)
                 try:
                     rows.append(measure_peer(peer, plan, url, Path(tmp)))
                 except RunFailed as exc:
@@ -603,13 +612,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     first_line = str(exc).splitlines()[0]
                     rows.append(_skipped(f"{peer.name} {_version(peer.distribution)}", first_line))
                 finally:
-                    delete_keys(url, keep_claim=True)
+                    delete_keys(url, peer.key_patterns)
             if wanted is None or "delayq" in wanted:
                 _log("delayq-redis:")
                 rows.append(measure_delayq(plan, url))
-                delete_keys(url, keep_claim=True)
     finally:
-        delete_keys(url, keep_claim=False)
+        delete_keys(url, [CLAIM_KEY])
 
     print(
         f"Delayed-job lateness on one Redis: {plan.n_jobs:,} jobs due uniformly over "
