@@ -29,7 +29,11 @@ from delayq.errors import (
     UnknownHandler,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
+from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
+from delayq.timers.heap_timer import DelayQueueTimer
+from delayq.timers.timing_wheel import HierarchicalWheel, TimingWheel
 
 __version__ = "0.1.0"
 
@@ -42,10 +46,14 @@ __all__ = [
     "Clock",
     "ConfigurationError",
     "DelayQueue",
+    "DelayQueueTimer",
     "Delayed",
     "DelayedItem",
     "DelayqError",
     "ExponentialBackoff",
+    "HashedWheel",
+    "HashedWheelTimer",
+    "HierarchicalWheel",
     "InvalidDelay",
     "InvalidInput",
     "InvalidJobId",
@@ -65,5 +73,8 @@ __all__ = [
     "ScheduleBackoff",
     "StaleClaim",
     "SystemClock",
+    "Timer",
+    "TimerHandle",
+    "TimingWheel",
     "UnknownHandler",
 ]

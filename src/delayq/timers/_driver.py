@@ -1,0 +1,270 @@
+"""Shared plumbing of the threaded timers: executor hand-off and the wheel driver loop.
+
+The wheels' cores are pure (``advance(now)`` returns what is due, nothing reads
+a clock or starts a thread). :class:`WheelTimer` is the thin driver around a
+core: one daemon thread that sleeps on the clock until the core's next
+expiration (``clock.wait`` on a condition, so a :class:`~delayq.testing.FakeClock`
+drives it in tests), is woken early when a schedule creates an earlier
+expiration, and hands due callbacks to an executor. No callback runs on the
+driver thread or under the lock (Kafka's ``SystemTimer`` hands expired tasks to
+a thread pool; Netty's ``HashedWheelTimer`` ran them on the tick thread, and a
+slow callback delayed every other timer).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from delayq._validate import check_seconds
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.errors import InvalidOption, QueueClosed
+from delayq.timers.base import DROPPED, TimerHandle
+
+__all__ = ["ErrorHandler", "TimerBase", "WheelCore", "WheelTimer"]
+
+log = logging.getLogger("delayq.timers")
+
+ErrorHandler = Callable[[TimerHandle, Exception], object]
+"""Called (on the executor thread) with the handle and the exception its callback raised."""
+
+DEFAULT_WORKERS = 4
+"""Threads in the pool a timer creates when no executor is given."""
+
+_local = threading.local()
+_INF = float("inf")
+
+
+def _log_error(handle: TimerHandle, exc: Exception) -> None:
+    log.error("timer callback %r raised", handle, exc_info=exc)
+
+
+def check_max_pending(max_pending: int | None) -> int | None:
+    """Validate an optional ``max_pending`` bound."""
+    if max_pending is None:
+        return None
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+        raise InvalidOption(f"max_pending must be None or an int >= 1, got {max_pending!r}")
+    return max_pending
+
+
+class TimerBase:
+    """Executor hand-off, ``schedule_after``, context manager: common to every timer.
+
+    Subclasses implement ``schedule_at``, ``pending`` and ``_stop_driver``.
+    ``_in_flight`` counts handles taken from the structure but not yet given to
+    the executor (guarded by the subclass's lock); tests use it to know the
+    driver has finished a step.
+    """
+
+    _clock: Clock
+    _closed: bool
+    _in_flight: int
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        executor: Executor | None,
+        on_error: ErrorHandler | None,
+        name: str,
+    ) -> None:
+        self._clock = clock
+        self._owns_executor = executor is None
+        self._executor: Executor = (
+            executor
+            if executor is not None
+            else ThreadPoolExecutor(max_workers=DEFAULT_WORKERS, thread_name_prefix=name)
+        )
+        self._on_error: ErrorHandler = on_error if on_error is not None else _log_error
+        self._closed = False
+        self._in_flight = 0
+        self._stop_lock = threading.Lock()
+
+    # -- scheduling ----------------------------------------------------------
+    def schedule_at(
+        self, deadline: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def schedule_after(self, delay: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Run ``fn(*args)`` ``delay`` seconds from now; a negative delay means now."""
+        seconds = check_seconds(delay, "delay")
+        return self.schedule_at(self._clock.monotonic() + seconds, fn, *args)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._closed
+
+    # -- firing ----------------------------------------------------------------
+    def _run(self, handle: TimerHandle) -> None:
+        """Run one callback on an executor thread; an exception goes to ``on_error``."""
+        _local.timer = self
+        try:
+            handle._run()
+        except Exception as exc:
+            try:
+                self._on_error(handle, exc)
+            except Exception:
+                log.exception("timer on_error handler raised")
+        finally:
+            _local.timer = None
+
+    def _dispatch(self, due: list[TimerHandle]) -> None:
+        """Hand due handles to the executor (called without the lock held)."""
+        submit = self._executor.submit
+        run = self._run
+        for handle in due:
+            try:
+                submit(run, handle)
+            except RuntimeError as exc:  # the executor was shut down under us
+                log.error("cannot run %r: executor refused it (%s)", handle, exc)
+
+    # -- stopping ----------------------------------------------------------------
+    def _stop_driver(self) -> list[TimerHandle]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def stop(self, *, wait: bool = True) -> list[TimerHandle]:
+        """Stop firing; return the handles that never fired, in deadline order.
+
+        Returned handles are marked dropped (``cancel()`` on them returns
+        False). Callbacks already handed to the executor still run; with
+        ``wait`` and a pool the timer created itself, this waits for them
+        (except when called from one of those callbacks). Idempotent.
+        """
+        with self._stop_lock:
+            if self._closed:
+                return []
+            dropped = self._stop_driver()
+            for handle in dropped:
+                handle._link = DROPPED
+            dropped.sort(key=_deadline_key)
+        if self._owns_executor:
+            inside = getattr(_local, "timer", None) is self
+            self._executor.shutdown(wait=wait and not inside)
+        return dropped
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _deadline_key(handle: TimerHandle) -> float:
+    return handle._deadline
+
+
+class WheelCore(Protocol):
+    """What :class:`WheelTimer` needs from a pure wheel core."""
+
+    _lock: threading.Condition | None
+
+    def _add(
+        self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...]
+    ) -> TimerHandle:
+        """Link a new handle (``deadline`` already validated); raise QueueFull when full."""
+        ...
+
+    def advance(self, now: float) -> list[TimerHandle]: ...
+
+    def next_expiration(self) -> float | None: ...
+
+    def clear(self) -> list[TimerHandle]: ...
+
+    def __len__(self) -> int: ...
+
+
+class WheelTimer(TimerBase):
+    """A driver thread around a pure wheel core.
+
+    Lock rule: ``_cond`` (its lock) guards the core, ``_closed``, ``_wake_at``
+    and ``_in_flight``. The core's handles cancel through the same lock (the
+    core is given it as ``_lock``). The driver holds the lock only while it
+    calls the core, never while it hands callbacks to the executor.
+    """
+
+    def __init__(
+        self,
+        core: WheelCore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        executor: Executor | None = None,
+        on_error: ErrorHandler | None = None,
+        name: str,
+    ) -> None:
+        super().__init__(clock=clock, executor=executor, on_error=on_error, name=name)
+        self._cond = threading.Condition(threading.Lock())
+        self._core = core
+        core._lock = self._cond
+        # The time the driver sleeps until (inf when it sleeps until notified).
+        self._wake_at = float("inf")
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Run ``fn(*args)`` at or after monotonic ``deadline`` (in the past: now)."""
+        if not (deadline.__class__ is float and -_INF < deadline < _INF):
+            deadline = check_seconds(deadline, "deadline")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        with self._cond:
+            if self._closed:
+                raise QueueClosed("cannot schedule on a stopped timer")
+            handle = self._core._add(deadline, fn, args)
+            nxt = self._core.next_expiration()
+            if nxt is not None and nxt < self._wake_at:
+                self._wake_at = nxt
+                self._cond.notify()
+        return handle
+
+    def pending(self) -> int:
+        """How many callbacks wait for their deadline."""
+        return len(self._core)
+
+    def _loop(self) -> None:
+        cond = self._cond
+        core = self._core
+        clock = self._clock
+        while True:
+            with cond:
+                while True:
+                    if self._closed:
+                        return
+                    now = clock.monotonic()
+                    due = core.advance(now)
+                    if due:
+                        self._in_flight += len(due)
+                        break
+                    nxt = core.next_expiration()
+                    if nxt is None:
+                        self._wake_at = float("inf")
+                        clock.wait(cond, None)
+                    else:
+                        self._wake_at = nxt
+                        clock.wait(cond, nxt - now)
+                    self._wake_at = float("-inf")  # awake: schedules need not notify
+            try:
+                self._dispatch(due)
+            finally:
+                with cond:
+                    self._in_flight -= len(due)
+
+    def _stop_driver(self) -> list[TimerHandle]:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            dropped = self._core.clear()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        return dropped

@@ -1,0 +1,229 @@
+"""The one interface of delayq's in-process timers, and the handle they return.
+
+Three timers implement :class:`Timer`, so a user picks a data structure by
+name and nothing else changes:
+
+* :class:`~delayq.timers.hashed_wheel.HashedWheelTimer`: a ring of N slots
+  turned one tick at a time (Netty's design), O(1) schedule and cancel.
+* :class:`~delayq.timers.timing_wheel.TimingWheel`: Kafka's hierarchical
+  wheel (``SystemTimer``), O(1) schedule and cancel, any delay, 1 ms ticks.
+* :class:`~delayq.timers.heap_timer.DelayQueueTimer`: a binary heap
+  (:class:`~delayq.timers.delay_queue.DelayQueue`), exact deadlines,
+  O(log n) schedule.
+
+Rules every implementation follows:
+
+* Deadlines are monotonic seconds (``clock.monotonic()``). A callback never
+  runs before its deadline; a wheel runs it at the first tick boundary at or
+  after it, so it may be up to one tick late.
+* Callbacks run on an executor (a small thread pool by default), never on the
+  timer's own thread and never under its lock. A callback that raises is
+  logged and does not stop the timer.
+* ``schedule_*`` and ``cancel`` are O(1) on the wheels.
+
+:class:`TimerHandle` is both what the user holds and the node the wheels link
+into their buckets, so a pending timer costs one small object (it uses
+``__slots__``, no per-timer closure, dict or list entry).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+__all__ = ["Timer", "TimerHandle"]
+
+
+class _Link(Protocol):
+    """Where a handle lives: the structure that can cancel it, or a final state."""
+
+    def _cancel(self, handle: TimerHandle) -> bool: ...
+
+
+class _Final:
+    """A handle's final state; cancelling from it is a no-op that returns False."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _cancel(self, handle: TimerHandle) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+EXPIRED: _Link = _Final("expired")
+"""The handle was due and handed to the executor (its callback ran or will run)."""
+CANCELLED: _Link = _Final("cancelled")
+"""``cancel()`` removed the handle before it was due."""
+DROPPED: _Link = _Final("dropped")
+"""The timer was stopped while the handle was pending; it never fires."""
+
+
+class _Node:
+    """A node of a circular doubly-linked list (wheel buckets and their handles)."""
+
+    __slots__ = ("_next", "_prev")
+
+    _prev: _Node
+    _next: _Node
+
+
+class TimerHandle(_Node):
+    """A scheduled callback: its deadline, and ``cancel()``.
+
+    Returned by :meth:`Timer.schedule_at` / :meth:`Timer.schedule_after`.
+    Pending handles are linked into their timer's structure (the ``_prev`` /
+    ``_next`` slots); ``_link`` is the structure while pending, then one of
+    the final states ``expired``, ``cancelled`` or ``dropped``. ``_n`` is a
+    per-structure integer (the hashed wheel's remaining rounds, the
+    hierarchical wheel's sequence number for FIFO ties).
+    """
+
+    __slots__ = ("_args", "_deadline", "_fn", "_link", "_n")
+
+    _link: _Link
+
+    def __init__(
+        self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...], link: _Link
+    ) -> None:
+        self._deadline = deadline
+        self._fn = fn
+        self._args = args
+        self._link = link
+        self._n = 0
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time (seconds) at or after which the callback runs."""
+        return self._deadline
+
+    @property
+    def callback(self) -> Callable[..., object]:
+        """The function that runs when the timer fires."""
+        return self._fn
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """Positional arguments passed to :attr:`callback`."""
+        return self._args
+
+    def cancel(self) -> bool:
+        """Stop the callback from running; True if this call cancelled it.
+
+        False when it had already fired (been handed to the executor), was
+        already cancelled, or was dropped by ``stop()``. O(1) on the wheels.
+        """
+        return self._link._cancel(self)
+
+    @property
+    def pending(self) -> bool:
+        """True while the handle waits for its deadline."""
+        return not isinstance(self._link, _Final)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` removed it."""
+        return self._link is CANCELLED
+
+    @property
+    def expired(self) -> bool:
+        """True once it was due and handed to the executor."""
+        return self._link is EXPIRED
+
+    def _run(self) -> None:
+        self._fn(*self._args)
+
+    def __repr__(self) -> str:
+        state = "pending" if self.pending else repr(self._link)
+        name = getattr(self._fn, "__qualname__", repr(self._fn))
+        return f"<TimerHandle {name} deadline={self._deadline:.6f} {state}>"
+
+
+@runtime_checkable
+class Timer(Protocol):
+    """Run a callback later, once, in this process.
+
+    ``schedule_at`` takes a monotonic deadline (``clock.monotonic()`` seconds);
+    ``schedule_after`` is ``schedule_at(clock.monotonic() + delay)``. Both
+    validate the time (:class:`~delayq.errors.InvalidDelay` for NaN, inf,
+    bool, str), treat a time in the past as "due now", and raise
+    :class:`~delayq.errors.QueueClosed` after :meth:`stop`.
+    """
+
+    def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Run ``fn(*args)`` at or after monotonic time ``deadline``."""
+        ...
+
+    def schedule_after(self, delay: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Run ``fn(*args)`` ``delay`` seconds from now (negative: now)."""
+        ...
+
+    def pending(self) -> int:
+        """How many callbacks wait for their deadline (not cancelled, not fired)."""
+        ...
+
+    def stop(self, *, wait: bool = True) -> list[TimerHandle]:
+        """Stop the timer; return the handles that never fired, in deadline order.
+
+        With ``wait``, also wait for callbacks already handed to a thread pool
+        the timer owns. Idempotent: a second call returns ``[]``.
+        """
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`stop` was called."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class _Ticks:
+    """Maps monotonic times to integer tick numbers counted from ``start``.
+
+    ``boundary(n) = start + n * tick``. A deadline's tick is the first boundary
+    at or after it (so a wheel never fires early); ``now``'s tick is the last
+    boundary at or before it. Both are corrected by one step against the exact
+    float boundary, so ``due(deadline) <= current(now)`` implies
+    ``deadline <= now`` despite rounding.
+    """
+
+    __slots__ = ("start", "tick")
+
+    def __init__(self, start: float, tick: float) -> None:
+        self.start = start
+        self.tick = tick
+
+    def boundary(self, n: int) -> float:
+        return self.start + n * self.tick
+
+    def due(self, deadline: float) -> int:
+        start, tick = self.start, self.tick
+        n = math.ceil((deadline - start) / tick)
+        if start + n * tick < deadline:
+            n += 1
+        elif start + (n - 1) * tick >= deadline:
+            n -= 1
+        return n
+
+    def current(self, now: float) -> int:
+        start, tick = self.start, self.tick
+        n = math.floor((now - start) / tick)
+        if start + n * tick > now:
+            n -= 1
+        elif start + (n + 1) * tick <= now:
+            n += 1
+        return n

@@ -1,0 +1,395 @@
+"""Kafka's hierarchical timing wheel (``SystemTimer`` + ``TimingWheel``, seed 001).
+
+Level 0 has ``wheel_size`` buckets of one tick each (1 ms x 20 by default, so
+it spans 20 ms). When a deadline is beyond a level's span, the task goes to
+the level above, whose buckets are as wide as the whole level below (20 ms,
+then 400 ms, 8 s, 160 s, ...). Upper levels are created lazily, on the first
+task that needs them, so a timer due in years costs a handful of levels, and
+memory is proportional to the pending tasks, not to the span.
+
+Each bucket is a circular doubly-linked list (O(1) add and cancel). A bucket of
+level ``k`` expires at its start; its tasks are then re-inserted from level 0
+upwards and land in a finer level (or fire, if their tick has come), which is
+why every task finally fires from level 0, at the first 1 ms boundary at or
+after its deadline.
+
+Kafka keeps the non-empty buckets in a ``java.util.concurrent.DelayQueue``
+ordered by expiration, and its reaper thread blocks on that queue, so the
+clock never advances through empty ticks. In the pure core,
+:class:`HierarchicalWheel`, a binary heap of buckets plays that role
+(``next_expiration()`` is its head), and :class:`TimingWheel`'s driver thread
+sleeps on the clock until that head. A bucket is in the heap at most once per
+expiration, so the heap holds at most one entry per bucket.
+
+Times inside the core are integer ticks counted from ``start``: a task's tick
+is the first boundary at or after its deadline (it never fires early), and
+``advance(now)`` processes every bucket whose expiration is ``<= now``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from delayq._validate import check_seconds
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.errors import InvalidOption, QueueFull
+from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending
+from delayq.timers.base import CANCELLED, DROPPED, EXPIRED, TimerHandle, _Node, _Ticks
+
+__all__ = ["HierarchicalWheel", "TimingWheel"]
+
+
+class _Bucket(_Node):
+    """One bucket: the sentinel of a circular list, and its expiration tick (-1: not queued)."""
+
+    __slots__ = ("expiration", "level")
+
+    def __init__(self, level: int) -> None:
+        self._prev = self
+        self._next = self
+        self.level = level
+        self.expiration = -1
+
+
+class _Level:
+    """One wheel of the hierarchy.
+
+    ``unit`` ticks per bucket (``wheel_size ** index``), ``span`` ticks per
+    turn, ``current`` is the core's current tick rounded down to ``unit``.
+    """
+
+    __slots__ = ("buckets", "current", "index", "span", "unit")
+
+    def __init__(self, index: int, unit: int, size: int, current: int) -> None:
+        self.index = index
+        self.unit = unit
+        self.span = unit * size
+        self.current = current - current % unit
+        self.buckets = [_Bucket(index) for _ in range(size)]
+
+
+def _order_key(handle: TimerHandle) -> tuple[float, int]:
+    return (handle._deadline, handle._n)
+
+
+class HierarchicalWheel:
+    """The pure hierarchical wheel: schedule, cancel, ``advance(now)``; no thread, no clock.
+
+    ``tick`` seconds per level-0 bucket, ``wheel_size`` buckets per level,
+    ``start`` is the monotonic time of tick 0. ``schedule_at`` and ``cancel``
+    are O(1) (plus O(log b) to queue a bucket that was empty, b = buckets in
+    use); ``advance`` touches only expired buckets, and each task is
+    re-inserted at most once per level.
+
+    Not thread-safe by itself: :class:`TimingWheel` calls it under its lock
+    and sets ``_lock`` so ``handle.cancel()`` takes that lock too.
+    """
+
+    __slots__ = (
+        "_count",
+        "_current",
+        "_heap",
+        "_levels",
+        "_lock",
+        "_max_pending",
+        "_overdue",
+        "_pushes",
+        "_seq",
+        "_size",
+        "_ticks",
+    )
+
+    def __init__(
+        self,
+        *,
+        tick: float = 0.001,
+        wheel_size: int = 20,
+        start: float = 0.0,
+        max_pending: int | None = None,
+    ) -> None:
+        seconds = check_seconds(tick, "tick")
+        if not seconds > 0:
+            raise InvalidOption(f"tick must be > 0 seconds, got {tick!r}")
+        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int) or wheel_size < 2:
+            raise InvalidOption(f"wheel_size must be an int >= 2, got {wheel_size!r}")
+        self._ticks = _Ticks(check_seconds(start, "start"), seconds)
+        self._size = wheel_size
+        self._current = 0
+        self._levels = [_Level(0, 1, wheel_size, 0)]
+        # (expiration tick, push number, bucket): the non-empty buckets by expiration.
+        self._heap: list[tuple[int, int, _Bucket]] = []
+        self._pushes = 0
+        self._overdue = _Bucket(-1)  # scheduled at or before the current tick: due now
+        self._count = 0
+        self._seq = 0
+        self._max_pending = check_max_pending(max_pending)
+        self._lock: threading.Condition | None = None
+
+    # -- properties -----------------------------------------------------------
+    @property
+    def tick(self) -> float:
+        """Seconds per level-0 bucket."""
+        return self._ticks.tick
+
+    @property
+    def wheel_size(self) -> int:
+        """Buckets per level."""
+        return self._size
+
+    @property
+    def start(self) -> float:
+        """Monotonic time of tick 0."""
+        return self._ticks.start
+
+    @property
+    def current_tick(self) -> int:
+        """The last tick :meth:`advance` reached."""
+        return self._current
+
+    @property
+    def levels(self) -> int:
+        """How many levels exist (overflow levels are created on demand)."""
+        return len(self._levels)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def pending(self) -> int:
+        """How many handles wait (not fired, not cancelled)."""
+        return self._count
+
+    def level_of(self, handle: TimerHandle) -> int | None:
+        """The level whose bucket holds ``handle`` (-1: due now), None if not pending.
+
+        For inspection and tests: walks the bucket's list to its sentinel.
+        """
+        if handle._link is not self:
+            return None
+        node: _Node = handle._next
+        while not isinstance(node, _Bucket):
+            node = node._next
+        return node.level
+
+    # -- scheduling -------------------------------------------------------------
+    def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Add ``fn(*args)`` due at ``deadline``; a past deadline is due at the next advance."""
+        return self._add(check_seconds(deadline, "deadline"), fn, args)
+
+    def _add(
+        self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...]
+    ) -> TimerHandle:
+        if self._max_pending is not None and self._count >= self._max_pending:
+            raise QueueFull(
+                f"the wheel holds max_pending={self._max_pending} pending timers; "
+                "cancel some or create the timer with a larger max_pending"
+            )
+        handle = TimerHandle(deadline, fn, args, self)
+        handle._n = self._seq
+        self._seq += 1
+        self._place(handle, self._ticks.due(deadline))
+        self._count += 1
+        return handle
+
+    def _place(self, handle: TimerHandle, due: int) -> None:
+        """Link ``handle`` (due at tick ``due``) into the finest level that spans it."""
+        if due <= self._current:
+            bucket = self._overdue
+        else:
+            levels = self._levels
+            level = levels[0]
+            while due >= level.current + level.span:
+                if level.index + 1 < len(levels):
+                    level = levels[level.index + 1]
+                else:
+                    level = _Level(level.index + 1, level.span, self._size, level.current)
+                    levels.append(level)
+            unit = level.unit
+            bucket_id = due // unit
+            bucket = level.buckets[bucket_id % self._size]
+            expiration = bucket_id * unit
+            if bucket.expiration != expiration:
+                bucket.expiration = expiration
+                self._pushes += 1
+                heapq.heappush(self._heap, (expiration, self._pushes, bucket))
+        last = bucket._prev
+        handle._prev = last
+        handle._next = bucket
+        last._next = handle
+        bucket._prev = handle
+
+    def _cancel(self, handle: TimerHandle) -> bool:
+        lock = self._lock
+        if lock is None:
+            return self._remove(handle)
+        with lock:
+            return self._remove(handle)
+
+    def _remove(self, handle: TimerHandle) -> bool:
+        if handle._link is not self:
+            return False
+        prev, nxt = handle._prev, handle._next
+        prev._next = nxt
+        nxt._prev = prev
+        handle._link = CANCELLED
+        self._count -= 1
+        return True
+
+    # -- time ---------------------------------------------------------------------
+    def next_expiration(self) -> float | None:
+        """Monotonic time of the earliest non-empty bucket (None if there is none).
+
+        Buckets emptied by cancellation are dropped from the head here, so a
+        driver does not wake for them.
+        """
+        if self._overdue._next is not self._overdue:
+            return self._ticks.boundary(self._current)
+        heap = self._heap
+        while heap:
+            expiration, _, bucket = heap[0]
+            if bucket._next is not bucket and bucket.expiration == expiration:
+                return self._ticks.boundary(expiration)
+            heapq.heappop(heap)
+            if bucket.expiration == expiration:
+                bucket.expiration = -1
+        return None
+
+    def advance(self, now: float) -> list[TimerHandle]:
+        """Expire every bucket due by ``now``; return the handles that fire.
+
+        Tasks of expired upper-level buckets move down a level (or fire);
+        returned handles are marked expired, in deadline order, ties in
+        scheduling order.
+        """
+        out: list[TimerHandle] = []
+        overdue = self._overdue
+        if overdue._next is not overdue:
+            node: Any = overdue._next
+            while node is not overdue:
+                node._link = EXPIRED
+                out.append(node)
+                node = node._next
+            overdue._next = overdue._prev = overdue
+        target = self._ticks.current(now)
+        heap = self._heap
+        due_of = self._ticks.due
+        while heap and heap[0][0] <= target:
+            expiration, _, bucket = heapq.heappop(heap)
+            if bucket.expiration != expiration:
+                continue  # stale entry (the bucket was pruned and reused)
+            bucket.expiration = -1
+            self._advance_clock(expiration)
+            node = bucket._next
+            bucket._next = bucket._prev = bucket
+            if bucket.level == 0:  # every task here is due at exactly this tick
+                while node is not bucket:
+                    node._link = EXPIRED
+                    out.append(node)
+                    node = node._next
+                continue
+            while node is not bucket:
+                nxt = node._next
+                due = due_of(node._deadline)
+                if due <= expiration:
+                    node._link = EXPIRED
+                    out.append(node)
+                else:
+                    self._place(node, due)
+                node = nxt
+        self._advance_clock(target)
+        self._count -= len(out)
+        if len(out) > 1:
+            out.sort(key=_order_key)
+        return out
+
+    def _advance_clock(self, tick: int) -> None:
+        if tick > self._current:
+            self._current = tick
+            for level in self._levels:
+                level.current = tick - tick % level.unit
+
+    def clear(self) -> list[TimerHandle]:
+        """Remove every pending handle; return them (marked dropped) in deadline order."""
+        out: list[TimerHandle] = []
+        buckets = [self._overdue]
+        for level in self._levels:
+            buckets.extend(level.buckets)
+        for bucket in buckets:
+            node: Any = bucket._next
+            while node is not bucket:
+                node._link = DROPPED
+                out.append(node)
+                node = node._next
+            bucket._next = bucket._prev = bucket
+            bucket.expiration = -1
+        self._heap.clear()
+        self._count = 0
+        out.sort(key=_order_key)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"<HierarchicalWheel tick={self.tick} wheel_size={self._size} levels={self.levels} "
+            f"current_tick={self._current} pending={self._count}>"
+        )
+
+
+class TimingWheel(WheelTimer):
+    """A :class:`~delayq.timers.base.Timer` on Kafka's hierarchical wheel.
+
+    ``tick`` (1 ms) per level-0 bucket, ``wheel_size`` (20) buckets per level,
+    overflow levels created on demand: any delay, up to years, O(1) schedule
+    and cancel, memory proportional to the pending callbacks. A callback runs
+    at the first tick boundary at or after its deadline (up to one tick late,
+    never early), on ``executor`` (a small thread pool the timer owns by
+    default). ``max_pending`` bounds the pending callbacks
+    (:class:`~delayq.errors.QueueFull` beyond it).
+
+    The driver thread sleeps until the earliest non-empty bucket (no empty
+    ticks) and is woken when a schedule creates an earlier one.
+    """
+
+    _core: HierarchicalWheel
+
+    def __init__(
+        self,
+        *,
+        tick: float = 0.001,
+        wheel_size: int = 20,
+        max_pending: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        executor: Executor | None = None,
+        on_error: ErrorHandler | None = None,
+    ) -> None:
+        core = HierarchicalWheel(
+            tick=tick, wheel_size=wheel_size, start=clock.monotonic(), max_pending=max_pending
+        )
+        super().__init__(
+            core, clock=clock, executor=executor, on_error=on_error, name="delayq-timing-wheel"
+        )
+
+    @property
+    def tick(self) -> float:
+        """Seconds per level-0 bucket."""
+        return self._core.tick
+
+    @property
+    def wheel_size(self) -> int:
+        """Buckets per level."""
+        return self._core.wheel_size
+
+    @property
+    def levels(self) -> int:
+        """How many levels exist so far."""
+        with self._cond:
+            return self._core.levels
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._closed else "running"
+        return (
+            f"<TimingWheel {state} tick={self.tick} wheel_size={self.wheel_size} "
+            f"levels={self._core.levels} pending={self.pending()}>"
+        )
