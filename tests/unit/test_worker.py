@@ -1,0 +1,480 @@
+"""The worker, on the memory store and a FakeClock: no real sleeps.
+
+Tests wait for the worker through its ``on_result`` reports (a queue with a
+real timeout that only fires when something is broken) and through
+``FakeClock.wait_for_waiters`` (the worker is asleep on the clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from delayq.app import DelayQ, JobContext
+from delayq.backends.memory import MemoryBackend
+from delayq.errors import InvalidOption, StaleClaim
+from delayq.job import Claim, JobState
+from delayq.testing import FakeClock
+from delayq.worker import JobResult, Worker, percentile
+from tests._util import wait_until
+
+T0 = 1_700_000_000.0
+TIMEOUT = 10.0  # real seconds; only reached when something is broken
+
+
+class Harness:
+    """An app on a FakeClock plus a worker whose results land in a queue."""
+
+    def __init__(self, store: type[MemoryBackend] = MemoryBackend, **worker_options: Any) -> None:
+        self.clock = FakeClock(T0)
+        self.backend = store(clock=self.clock)
+        self.app = DelayQ(backend=self.backend, clock=self.clock)
+        self.results: queue.Queue[JobResult] = queue.Queue()
+        options: dict[str, Any] = {"idle_wait": 3600.0, "on_result": self.results.put}
+        options.update(worker_options)
+        self.options = options
+        self.worker: Worker | None = None
+
+    def start(self) -> Worker:
+        self.worker = Worker(self.app, **self.options).start()
+        return self.worker
+
+    def next_result(self) -> JobResult:
+        return self.results.get(timeout=TIMEOUT)
+
+    def asleep(self, waiters: int = 1) -> None:
+        """Block until ``waiters`` threads wait on the clock (the worker is idle)."""
+        assert self.clock.wait_for_waiters(waiters, TIMEOUT)
+
+    def job(self, job_id: str) -> Any:
+        job = self.app.get(job_id)
+        assert job is not None
+        return job
+
+    def stop(self) -> None:
+        if self.worker is not None and self.worker.running:
+            self.worker.stop(grace=0)
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.stop()
+
+
+# -- running jobs --------------------------------------------------------------------
+def test_a_due_job_runs_and_succeeds(h: Harness) -> None:
+    seen: list[Any] = []
+    h.app.register("greet", seen.append)
+    job_id = h.app.schedule("greet", {"who": "ada"}, delay=0)
+    h.start()
+    result = h.next_result()
+    assert (result.job_id, result.outcome, result.attempt) == (job_id, "succeeded", 1)
+    assert seen == [{"who": "ada"}]
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+def test_a_job_does_not_run_before_its_due_time(h: Harness) -> None:
+    h.app.register("x", lambda p: None)
+    job_id = h.app.schedule("x", delay=10)
+    h.start()
+    h.asleep()
+    h.clock.advance(9.999)
+    h.asleep()
+    assert h.results.empty()
+    assert h.job(job_id).state is JobState.SCHEDULED
+    h.clock.advance(0.001)
+    assert h.next_result().outcome == "succeeded"
+
+
+def test_an_earlier_job_wakes_the_sleeping_worker_at_once(h: Harness) -> None:
+    h.app.register("x", lambda p: None)
+    h.app.schedule("x", delay=3600)
+    h.start()
+    h.asleep()
+    job_id = h.app.schedule("x", delay=0)  # the clock does not move
+    result = h.next_result()
+    assert result.job_id == job_id and result.lateness == 0.0
+
+
+def test_the_handler_gets_a_context_with_the_attempt(h: Harness) -> None:
+    seen: list[JobContext] = []
+    h.app.register("x", lambda p, ctx: seen.append(ctx))
+    job_id = h.app.schedule("x", delay=5)
+    h.clock.advance(7)
+    h.start()
+    h.next_result()
+    (ctx,) = seen
+    assert (ctx.id, ctx.name, ctx.attempt, ctx.max_attempts) == (job_id, "x", 1, 5)
+    assert ctx.run_at == T0 + 5 and ctx.claimed_at == T0 + 7 and ctx.lateness == 2
+
+
+def test_an_async_handler_runs_on_the_event_loop(h: Harness) -> None:
+    seen: list[tuple[Any, str]] = []
+
+    async def handler(payload: Any, ctx: JobContext) -> None:
+        await asyncio.sleep(0)
+        seen.append((payload, threading.current_thread().name))
+
+    h.app.register("a", handler)
+    job_id = h.app.schedule("a", [1, 2], delay=0)
+    h.start()
+    assert h.next_result().outcome == "succeeded"
+    assert seen == [([1, 2], "delayq-worker-asyncio")]
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+def test_a_failing_async_handler_is_retried(h: Harness) -> None:
+    async def handler(payload: Any) -> None:
+        raise ValueError("async boom")
+
+    h.app.register("a", handler)
+    job_id = h.app.schedule("a", delay=0, backoff=[3])
+    h.start()
+    result = h.next_result()
+    assert result.outcome == "retried" and "async boom" in (result.error or "")
+    assert h.job(job_id).run_at == T0 + 3
+
+
+# -- failures -----------------------------------------------------------------------
+def test_a_failure_is_retried_after_the_jobs_backoff(h: Harness) -> None:
+    calls: list[int] = []
+
+    def flaky(payload: Any, ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise ConnectionError(f"webhook down (attempt {ctx.attempt})")
+
+    h.app.register("webhook", flaky)
+    job_id = h.app.schedule("webhook", delay=0, backoff="2s,5s,10s,20s")
+    h.start()
+    first = h.next_result()
+    assert first.outcome == "retried" and first.retry_at == T0 + 2
+    job = h.job(job_id)
+    assert job.state is JobState.SCHEDULED and job.run_at == T0 + 2
+    assert "ConnectionError: webhook down (attempt 1)" in job.last_error
+    h.asleep()
+    h.clock.advance(2)
+    assert h.next_result().retry_at == T0 + 2 + 5
+    h.asleep()
+    h.clock.advance(5)
+    assert h.next_result().outcome == "succeeded"
+    assert calls == [1, 2, 3]
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+def test_the_last_failure_dead_letters_with_error_and_traceback(h: Harness) -> None:
+    def broken(payload: Any) -> None:
+        raise KeyError("missing-field")
+
+    h.app.register("broken", broken)
+    job_id = h.app.schedule("broken", delay=0, max_attempts=2, backoff=[1])
+    h.start()
+    assert h.next_result().outcome == "retried"
+    h.asleep()
+    h.clock.advance(1)
+    result = h.next_result()
+    assert (result.outcome, result.attempt) == ("dead", 2)
+    job = h.job(job_id)
+    assert job.state is JobState.DEAD and job.attempts == 2
+    assert "Traceback (most recent call last)" in job.last_error
+    assert "KeyError: 'missing-field'" in job.last_error
+    assert "in broken" in job.last_error
+    assert [j.id for j in h.app.dead_letters()] == [job_id]
+
+
+def test_a_handler_raising_system_exit_counts_as_a_failure(h: Harness) -> None:
+    def quits(payload: Any) -> None:
+        raise SystemExit(3)
+
+    h.app.register("q", quits)
+    job_id = h.app.schedule("q", delay=0, max_attempts=1)
+    h.start()
+    assert h.next_result().outcome == "dead"
+    assert "SystemExit: 3" in h.job(job_id).last_error
+    assert h.worker is not None and h.worker.stats().in_flight == 0
+
+
+def test_an_unknown_handler_name_is_dead_lettered_with_the_reason(h: Harness) -> None:
+    h.app.register("known", lambda p: None)
+    job_id = h.app.schedule("order.refund", delay=0)
+    h.start()
+    assert h.next_result().outcome == "dead"
+    job = h.job(job_id)
+    assert job.state is JobState.DEAD
+    assert "no handler is registered under 'order.refund'" in job.last_error
+    assert "registered: known" in job.last_error
+
+
+# -- misfire ------------------------------------------------------------------------
+def test_an_overdue_job_with_misfire_skip_is_skipped_with_a_note(h: Harness) -> None:
+    ran: list[Any] = []
+    h.app.register("x", ran.append)
+    job_id = h.app.schedule("x", delay=10, misfire="skip")
+    h.clock.advance(10 + 300)  # the worker was down
+    h.start()
+    assert h.next_result().outcome == "skipped"
+    job = h.job(job_id)
+    assert job.state is JobState.SKIPPED
+    assert job.outcome == "skipped: 300.000s late (misfire policy skip)"
+    assert ran == []
+
+
+def test_misfire_grace_runs_a_job_within_the_grace(h: Harness) -> None:
+    h.app.register("x", lambda p: None)
+    within = h.app.schedule("x", delay=0, misfire=60)
+    beyond = h.app.schedule("x", delay=0, misfire="grace:5")
+    h.clock.advance(30)
+    h.start()
+    outcomes = {r.job_id: r.outcome for r in (h.next_result(), h.next_result())}
+    assert outcomes == {within: "succeeded", beyond: "skipped"}
+    assert h.job(within).outcome == "ran 30.000s late (misfire policy grace:60.0)"
+
+
+def test_misfire_run_runs_any_overdue_job(h: Harness) -> None:
+    h.app.register("x", lambda p: None)
+    job_id = h.app.schedule("x", delay=0)
+    h.clock.advance(86400)
+    h.start()
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+# -- slots, batches, leases ---------------------------------------------------------
+def test_only_as_many_jobs_are_claimed_as_there_are_free_slots() -> None:
+    h = Harness(concurrency=2, batch=10)
+    release = threading.Event()
+    started: list[Any] = []
+    h.app.register("block", lambda p: (started.append(p), release.wait(TIMEOUT)))
+    for i in range(5):
+        h.app.schedule("block", i, delay=0)
+    try:
+        h.start()
+        assert wait_until(lambda: len(started) == 2, TIMEOUT)
+        stats = h.app.stats()
+        assert (stats.running, stats.scheduled) == (2, 3)
+        release.set()
+        outcomes = [h.next_result().outcome for _ in range(5)]
+        assert outcomes == ["succeeded"] * 5
+        assert sorted(started) == [0, 1, 2, 3, 4]
+    finally:
+        release.set()
+        h.stop()
+
+
+def test_a_long_handler_keeps_its_lease_by_renewing_it(h: Harness) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    h.app.register("long", lambda p: (started.set(), release.wait(TIMEOUT)))
+    job_id = h.app.schedule("long", delay=0)
+    h.options["lease"] = 3.0
+    h.start()
+    assert started.wait(TIMEOUT)
+    for _ in range(10):  # 15 s: five leases' worth
+        h.asleep()
+        h.clock.advance(1.5)
+    h.asleep()
+    job = h.job(job_id)
+    assert job.state is JobState.RUNNING and job.attempts == 1
+    assert job.lease_until >= h.clock.time()
+    release.set()
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(job_id).attempts == 1
+
+
+class _StaleAck(MemoryBackend):
+    """A store whose ack always finds the lease gone."""
+
+    def ack(self, claim: Claim, **kwargs: Any) -> None:
+        raise StaleClaim(f"token {claim.token} of job {claim.job.id} is stale")
+
+
+def test_a_stale_claim_on_ack_is_logged_and_the_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(_StaleAck)
+    h.app.register("x", lambda p: None)
+    h.app.schedule("x", 1, delay=0)
+    h.app.schedule("x", 2, delay=0)
+    try:
+        h.start()
+        assert [h.next_result().outcome for _ in range(2)] == ["stale", "stale"]
+        assert h.worker is not None and h.worker.running
+        assert h.worker.stats().stale == 2
+        assert "lease expired before the result was recorded" in caplog.text
+    finally:
+        h.stop()
+
+
+def test_an_on_result_callback_error_does_not_stop_the_worker() -> None:
+    calls: list[JobResult] = []
+
+    def bad_callback(result: JobResult) -> None:
+        calls.append(result)
+        raise ValueError("callback bug")
+
+    h = Harness(on_result=bad_callback)
+    h.app.register("x", lambda p: None)
+    h.app.schedule("x", delay=0)
+    h.app.schedule("x", delay=0)
+    try:
+        h.start()
+        assert wait_until(lambda: len(calls) == 2, TIMEOUT)
+        assert h.worker is not None and h.worker.running
+    finally:
+        h.stop()
+
+
+def test_worker_stats_count_outcomes_and_lateness(h: Harness) -> None:
+    h.app.register("ok", lambda p: None)
+    h.app.schedule("ok", delay=0)
+    h.app.schedule("ok", delay=1)
+    h.app.schedule("nobody", delay=0)
+    h.clock.advance(3)
+    worker = h.start()
+    for _ in range(3):
+        h.next_result()
+    stats = worker.stats()
+    assert (stats.claimed, stats.succeeded, stats.dead) == (3, 2, 1)
+    assert stats.lateness_max == 3.0 and stats.lateness_p50 == 3.0
+    assert sorted(worker.lateness_samples()) == [2.0, 3.0, 3.0]
+    assert stats.as_dict()["claimed"] == 3
+
+
+# -- stopping -----------------------------------------------------------------------
+def test_stop_lets_an_in_flight_handler_finish(h: Harness) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    h.app.register("x", lambda p: (started.set(), release.wait(TIMEOUT)))
+    job_id = h.app.schedule("x", delay=0)
+    h.app.schedule("x", delay=0)
+    h.options["concurrency"] = 1
+    worker = h.start()
+    assert started.wait(TIMEOUT)
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    assert wait_until(lambda: worker.stopping, TIMEOUT)
+    release.set()
+    stopper.join(TIMEOUT)
+    assert not worker.running
+    assert h.job(job_id).state is JobState.SUCCEEDED
+    assert h.app.stats().scheduled == 1  # the second job was never claimed
+
+
+def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    h.app.register("x", lambda p: (started.set(), release.wait(TIMEOUT)))
+    job_id = h.app.schedule("x", delay=0)
+    worker = h.start()
+    assert started.wait(TIMEOUT)
+    worker.stop(grace=5, wait=False)
+    assert wait_until(lambda: worker.stopping, TIMEOUT)
+    h.asleep()
+    h.clock.advance(5)
+    assert worker.join(TIMEOUT)
+    job = h.job(job_id)
+    assert job.state is JobState.RUNNING  # its lease runs out; another worker runs it
+    release.set()
+    assert h.results.empty()
+
+
+class _StopOnClaim(MemoryBackend):
+    """Requests a stop right after handing out claims (before their handlers start)."""
+
+    worker: Worker
+
+    def claim(self, **kwargs: Any) -> list[Claim]:
+        claims = super().claim(**kwargs)
+        if claims:
+            self.worker.stop(wait=False)
+        return claims
+
+
+def test_claims_not_started_at_stop_are_returned_at_their_due_time() -> None:
+    h = Harness(_StopOnClaim)
+    backend = h.backend
+    assert isinstance(backend, _StopOnClaim)
+    h.app.register("x", lambda p: None)
+    job_id = h.app.schedule("x", delay=0)
+    h.clock.advance(2)
+    backend.worker = worker = Worker(h.app, **h.options)
+    worker.start()
+    assert worker.join(TIMEOUT)
+    assert h.next_result().outcome == "returned"
+    job = h.job(job_id)
+    assert job.state is JobState.SCHEDULED and job.run_at == T0
+    assert "returned unstarted" in job.last_error
+
+
+def test_the_worker_stops_when_its_store_is_closed(h: Harness) -> None:
+    worker = h.start()
+    h.asleep()
+    h.backend.close()
+    assert worker.join(TIMEOUT)
+
+
+def test_sigterm_stops_run_gracefully() -> None:
+    h = Harness()
+    h.app.register("x", lambda p: None)
+    worker = Worker(h.app, **h.options)
+    before = signal.getsignal(signal.SIGTERM)
+
+    def send_sigterm() -> None:
+        assert wait_until(lambda: worker.running, TIMEOUT)
+        h.asleep()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=send_sigterm)
+    sender.start()
+    worker.run()  # returns once the signal stopped it
+    sender.join(TIMEOUT)
+    assert not worker.running
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_worker_cannot_be_started_twice(h: Harness) -> None:
+    worker = h.start()
+    with pytest.raises(Exception, match="already started"):
+        worker.start()
+
+
+def test_the_worker_as_a_context_manager_starts_and_stops(h: Harness) -> None:
+    h.app.register("x", lambda p: None)
+    h.app.schedule("x", delay=0)
+    with Worker(h.app, **h.options) as worker:
+        assert h.next_result().outcome == "succeeded"
+    assert not worker.running
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("concurrency", 0),
+        ("concurrency", True),
+        ("batch", 0),
+        ("lease", 0),
+        ("lease", float("nan")),
+        ("grace", -1),
+        ("idle_wait", "1s"),
+    ],
+)
+def test_bad_worker_options_are_rejected(h: Harness, option: str, value: Any) -> None:
+    with pytest.raises(InvalidOption, match=option):
+        Worker(h.app, **{option: value})
+
+
+def test_percentile_uses_the_nearest_rank() -> None:
+    samples = [float(i) for i in range(1, 101)]
+    assert percentile(samples, 50) == 50.0
+    assert percentile(samples, 99) == 99.0
+    assert percentile(samples, 100) == 100.0
+    assert percentile([], 50) != percentile([], 50)  # NaN
