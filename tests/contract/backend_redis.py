@@ -1,0 +1,33 @@
+"""The Redis backend in the contract suite (one key prefix per test store)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from delayq.backends.base import Backend
+from delayq.backends.redis import RedisBackend
+from delayq.testing import FakeClock
+from tests.contract._registry import BackendFactory
+from tests.redis_support import REDIS_URL, redis_prefix
+
+
+@contextmanager
+def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
+    with redis_prefix(store) as prefix:
+        backend = RedisBackend.from_url(REDIS_URL, prefix=prefix, clock=clock, **options)
+        try:
+            yield backend
+        finally:
+            backend.close()
+
+
+FACTORY = BackendFactory(
+    name="redis",
+    open=_open,
+    features=frozenset({"clock", "shared", "durable"}),
+    marks=(pytest.mark.redis,),
+)

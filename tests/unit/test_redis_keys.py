@@ -1,0 +1,70 @@
+"""The Redis backend's key layout: every key of a queue lives in one cluster slot."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+from redis.crc import key_slot
+
+from delayq.backends.redis import SCRIPT_NAMES, queue_keys
+
+
+def crc16_xmodem(data: bytes) -> int:
+    """CRC16/XMODEM (poly 0x1021, init 0), as Redis Cluster uses for key slots."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def cluster_slot(key: str) -> int:
+    """The slot of ``key``: CRC16 of its hash tag (the first non-empty ``{...}``) mod 16384."""
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start != -1:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return crc16_xmodem(raw) % 16384
+
+
+def test_crc16_matches_the_redis_cluster_reference_value() -> None:
+    # From the Redis Cluster specification: CRC16("123456789") == 0x31C3.
+    assert crc16_xmodem(b"123456789") == 0x31C3
+
+
+@pytest.mark.parametrize("queue", ["default", "orders", "emails.high", "ünïcode"])
+def test_every_key_of_a_queue_maps_to_one_cluster_slot(queue: str) -> None:
+    keys = queue_keys("delayq", queue)
+    concrete = [
+        *(v for k, v in keys.items() if not k.endswith(":")),
+        keys["job:"] + "order-42",
+        keys["job:"] + "{tricky}",
+        keys["wake:"] + "0f3c",
+        keys["shadow:"] + "order-42",
+    ]
+    slots = {cluster_slot(k) for k in concrete}
+    assert len(slots) == 1
+    assert slots == {key_slot(k.encode()) for k in concrete}
+
+
+def test_two_queues_use_different_hash_tags() -> None:
+    a = queue_keys("delayq", "a")["due"]
+    b = queue_keys("delayq", "b")["due"]
+    assert "{a}" in a and "{b}" in b
+
+
+def test_the_prefix_comes_before_the_hash_tag() -> None:
+    assert queue_keys("myapp", "orders")["due"] == "myapp:{orders}:due"
+
+
+@pytest.mark.parametrize("name", ["_lib", *SCRIPT_NAMES])
+def test_every_script_starts_with_its_keys_and_argv(name: str) -> None:
+    text = (resources.files("delayq.backends.redis") / f"{name}.lua").read_text()
+    header = text.split("\n\n", 1)[0]
+    assert header.startswith("-- ")
+    assert "KEYS[1" in header and "ARGV[1" in header
