@@ -145,6 +145,16 @@ _INSERT = (
     "INSERT INTO delayq_jobs (id, name, payload, run_at, state, max_attempts, backoff, "
     "misfire, created_at, updated_at) VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)"
 )
+# The hot queries, named so tests can EXPLAIN them (they must search an index, never scan).
+_CLAIM_DUE = f"{_SELECT} WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at, seq LIMIT ?"
+_HEAD = "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1"
+_EXPIRED_LEASES = (
+    "SELECT seq, attempts, max_attempts, lease_until FROM delayq_jobs "
+    "WHERE state = 'running' AND lease_until <= ?"
+)
+_NEXT_LEASE = (
+    "SELECT lease_until FROM delayq_jobs WHERE state = 'running' ORDER BY lease_until LIMIT 1"
+)
 _TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 _NOT_EXPIRED = (
     f"NOT (state IN ({', '.join(repr(v) for v in _TTL_STATE_VALUES)}) AND updated_at <= ?)"
@@ -383,17 +393,12 @@ class SQLiteBackend:
     # -- helpers (inside a transaction) ------------------------------------------
     @staticmethod
     def _head(conn: sqlite3.Connection) -> float | None:
-        row = conn.execute(
-            "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1"
-        ).fetchone()
+        row = conn.execute(_HEAD).fetchone()
         return None if row is None else float(row[0])
 
     @staticmethod
     def _next_lease_expiry(conn: sqlite3.Connection) -> float | None:
-        row = conn.execute(
-            "SELECT lease_until FROM delayq_jobs WHERE state = 'running' "
-            "ORDER BY lease_until LIMIT 1"
-        ).fetchone()
+        row = conn.execute(_NEXT_LEASE).fetchone()
         return None if row is None else float(row[0])
 
     def _cutoff(self, now: float) -> float:
@@ -414,11 +419,7 @@ class SQLiteBackend:
             )
 
     def _expire_leases(self, conn: sqlite3.Connection, now: float) -> None:
-        expired = conn.execute(
-            "SELECT seq, attempts, max_attempts, lease_until FROM delayq_jobs "
-            "WHERE state = 'running' AND lease_until <= ?",
-            (now,),
-        ).fetchall()
+        expired = conn.execute(_EXPIRED_LEASES, (now,)).fetchall()
         for seq, attempts, max_attempts, lease_until in expired:
             if attempts >= max_attempts:
                 conn.execute(
