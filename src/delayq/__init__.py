@@ -33,6 +33,7 @@ from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
 from delayq.timers.heap_timer import DelayQueueTimer
+from delayq.timers.retry_queue import RetryQueue
 from delayq.timers.timing_wheel import HierarchicalWheel, TimingWheel
 
 __version__ = "0.1.0"
@@ -69,6 +70,7 @@ __all__ = [
     "QueueClosed",
     "QueueFull",
     "RescheduleOutcome",
+    "RetryQueue",
     "SYSTEM_CLOCK",
     "ScheduleBackoff",
     "StaleClaim",

@@ -5,6 +5,7 @@ from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
 from delayq.timers.heap_timer import DelayQueueTimer
+from delayq.timers.retry_queue import RetryQueue
 from delayq.timers.timing_wheel import HierarchicalWheel, TimingWheel
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "HashedWheel",
     "HashedWheelTimer",
     "HierarchicalWheel",
+    "RetryQueue",
     "Timer",
     "TimerHandle",
     "TimingWheel",
