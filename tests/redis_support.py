@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import signal
+import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import pytest
 import redis
 
+from tests._util import wait_until
 from tests.conftest import service_missing
 
 REDIS_URL = os.environ.get("DELAYQ_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -61,3 +68,94 @@ def redis_prefix(seed: str | None = None, url: str = REDIS_URL) -> Iterator[str]
     finally:
         delete_prefix(client, prefix)
         client.close()
+
+
+class RedisServer:
+    """A private ``redis-server`` process on a free loopback port (stopped by its PID).
+
+    For tests that must restart, kill, reconfigure or ``SCRIPT FLUSH`` a server
+    without touching the shared one.
+    """
+
+    def __init__(self, directory: Path, *args: str) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            service_missing("redis-server", "the redis-server binary is not on PATH")
+        self.binary = str(binary)
+        self.directory = directory
+        self.args = args
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisServer:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.directory / "redis.log"),
+                *self.args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
+        try:
+            ok = wait_until(lambda: _pings(client), timeout=10.0, interval=0.02)
+        finally:
+            client.close()
+        if not ok:
+            self.stop()
+            pytest.fail(f"redis-server on port {self.port} did not start; see {self.directory}")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final save."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def private_redis(directory: Path, *args: str) -> Iterator[RedisServer]:
+    """Run a private redis-server for the duration of the block."""
+    server = RedisServer(directory, *args).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -447,7 +447,15 @@ class RedisBackend:
             *args,
         ]
         script = self._scripts[name]
-        return self._call(lambda: script(keys=self._key_list, args=full), retry=retry)
+
+        def run() -> Any:
+            try:
+                return script(keys=self._key_list, args=full)  # EVALSHA, reloads on NOSCRIPT
+            except redis.exceptions.NoScriptError:
+                # Flushed again between the reload and the retry: send the body.
+                return self._redis.eval(_SCRIPTS[name], len(self._key_list), *self._key_list, *full)
+
+        return self._call(run, retry=retry)
 
     def _woke(self, woke: Any) -> None:
         """The head of the due set changed: wake this process's waiters at once."""

@@ -1,0 +1,431 @@
+"""The Redis backend against real servers: waiting, recovery and durability.
+
+The shared Redis is used under a per-test key prefix; tests that kill,
+restart, reconfigure or ``SCRIPT FLUSH`` a server start a private
+``redis-server`` of their own.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from delayq.backends.redis import RedisBackend
+from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
+from delayq.job import Claim, JobSpec, JobState
+from tests._util import wait_until
+from tests.redis_support import REDIS_URL, RedisServer, private_redis, redis_prefix
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def spec(job_id: str, run_at: float) -> JobSpec:
+    return JobSpec(id=job_id, name="test.job", payload='{"n": 1}', run_at=run_at, max_attempts=3)
+
+
+def server_time(backend: RedisBackend) -> float:
+    seconds, micros = backend._redis.time()
+    return seconds + micros / 1_000_000
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    with redis_prefix() as p:
+        yield p
+
+
+@pytest.fixture
+def open_redis(prefix: str) -> Iterator[Callable[..., RedisBackend]]:
+    """Open handles on the shared Redis under this test's prefix."""
+    opened: list[RedisBackend] = []
+
+    def open_(url: str = REDIS_URL, **options: object) -> RedisBackend:
+        options.setdefault("prefix", prefix)
+        backend = RedisBackend.from_url(url, **options)
+        opened.append(backend)
+        return backend
+
+    yield open_
+    for backend in opened:
+        backend.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    with private_redis(tmp_path) as s:
+        yield s
+
+
+class Waiter:
+    """``wait_for_due`` in a thread, so the test can act while it blocks."""
+
+    def __init__(self, backend: RedisBackend, max_wait: float) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(backend, max_wait), daemon=True)
+        self._thread.start()
+
+    def _run(self, backend: RedisBackend, max_wait: float) -> None:
+        try:
+            backend.wait_for_due(max_wait)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+# -- waiting without polling ---------------------------------------------------
+
+
+def test_a_waiting_worker_wakes_when_another_process_enqueues_an_earlier_job(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    worker, producer = open_redis(), open_redis()
+    producer.enqueue([spec("far", server_time(producer) + 3600)])
+    worker.wait_for_due(0.01)  # consume the wake-up token that enqueue left
+    waiter = Waiter(worker, max_wait=60)
+    assert wait_until(lambda: bool(worker._waiters), timeout=5)
+    assert not waiter.done.wait(0.2)
+    producer.enqueue([spec("near", server_time(producer) + 0.05)])
+    assert waiter.done.wait(5), "the waiter was not woken by the earlier job"
+    assert waiter.error is None
+
+
+def test_wait_for_due_returns_at_the_due_time_on_the_server_clock(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    backend = open_redis()
+    run_at = server_time(backend) + 0.3
+    backend.enqueue([spec("j", run_at)])
+    wakeups = 0
+    while not backend.claim(limit=1, lease=30):
+        assert wakeups < 3, "woken more often than the head of the due set changed"
+        backend.wait_for_due(30)
+        wakeups += 1
+    assert server_time(backend) >= run_at
+
+
+def test_interrupt_wakes_a_thread_blocked_in_redis(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    backend = open_redis()
+    waiter = Waiter(backend, max_wait=60)
+    assert wait_until(lambda: (backend.interrupt(), waiter.done.is_set())[1], timeout=5)
+    assert waiter.error is None
+
+
+def test_close_wakes_a_blocked_waiter(open_redis: Callable[..., RedisBackend]) -> None:
+    backend = open_redis()
+    waiter = Waiter(backend, max_wait=60)
+    assert wait_until(lambda: bool(backend._waiters), timeout=5)
+    backend.close()
+    assert waiter.done.wait(5)
+
+
+def test_an_idle_worker_sends_a_handful_of_commands_per_wait(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url)
+    try:
+        backend.enqueue([spec("in-an-hour", server_time(backend) + 3600)])
+        backend.wait_for_due(0.01)  # consume the wake-up token that enqueue left
+        admin = server.client()
+        before = _calls(admin)
+        backend.wait_for_due(1.5)  # nothing due for an hour: one blocking wait
+        sent = {k: n - before.get(k, 0) for k, n in _calls(admin).items() if n != before.get(k)}
+        sent.pop("info", None)
+        # One script call (its TIME and ZRANGEs run inside it), one BLPOP sent
+        # together with CLIENT ID, and a CLIENT UNBLOCK when the client's own
+        # deadline passes before the server's ~100 ms timeout tick.
+        from_client = {k: n for k, n in sent.items() if k not in ("time", "zrange")}
+        assert from_client.pop("evalsha") == 1
+        assert from_client.pop("blpop") == 1
+        assert from_client.pop("client|id") == 1
+        assert from_client.pop("client|unblock", 0) <= 1
+        assert from_client == {}
+    finally:
+        backend.close()
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+# -- scripts, connections and server settings -----------------------------------
+
+
+def test_script_flush_during_a_run_is_recovered_by_the_next_calls(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url)
+    admin = server.client()
+    try:
+        now = server_time(backend)
+        backend.enqueue([spec(f"j{i}", now - 1) for i in range(600)])
+        acked: list[str] = []
+        errors: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                while len(acked) < 600:
+                    for claim in backend.claim(limit=10, lease=30):
+                        backend.ack(claim)
+                        acked.append(claim.job.id)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=drain)
+        thread.start()
+        flushes = 0
+        while thread.is_alive() and flushes < 50:
+            admin.script_flush()
+            flushes += 1
+        thread.join(30)
+        assert not errors
+        assert sorted(acked) == sorted(f"j{i}" for i in range(600))
+        admin.script_flush()
+        assert backend.stats().succeeded == 600
+    finally:
+        backend.close()
+
+
+def test_an_unreachable_server_raises_backend_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BackendUnavailable, match="unreachable"):
+        RedisBackend.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+
+
+def test_calls_fail_with_backend_unavailable_while_the_server_is_down(
+    server: RedisServer,
+) -> None:
+    backend = RedisBackend.from_url(server.url, socket_connect_timeout=1)
+    try:
+        backend.enqueue([spec("j", server_time(backend) + 60)])
+        server.kill()
+        with pytest.raises(BackendUnavailable):
+            backend.claim(limit=1, lease=30)
+        with pytest.raises(BackendUnavailable):
+            backend.enqueue([spec("k", 0.0)])
+        with pytest.raises(BackendUnavailable):
+            backend.wait_for_due(1)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_a_server_that_may_evict_any_key_is_refused(server: RedisServer, policy: str) -> None:
+    server.client().config_set("maxmemory-policy", policy)
+    with pytest.raises(ConfigurationError, match=f"maxmemory-policy {policy}"):
+        RedisBackend.from_url(server.url)
+
+
+@pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-ttl"])
+def test_a_server_that_never_evicts_pending_jobs_is_accepted(
+    server: RedisServer, policy: str
+) -> None:
+    server.client().config_set("maxmemory-policy", policy)
+    RedisBackend.from_url(server.url).close()
+
+
+def test_script_errors_are_wrapped_as_backend_errors(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url)
+    try:
+        server.client().set(backend._keys["seq"], "not a number")
+        with pytest.raises(BackendError, match="failed"):
+            backend.enqueue([spec("j", 0.0)])
+    finally:
+        backend.close()
+
+
+# -- the key-expiry trigger ---------------------------------------------------------
+
+
+def test_expiry_events_need_the_server_setting_or_permission_to_set_it(
+    server: RedisServer,
+) -> None:
+    server.client().config_set("notify-keyspace-events", "")
+    with pytest.raises(ConfigurationError, match="notify-keyspace-events"):
+        RedisBackend.from_url(server.url, expiry_events=True)
+    RedisBackend.from_url(server.url, expiry_events=True, configure_server=True).close()
+    flags = server.client().config_get("notify-keyspace-events")["notify-keyspace-events"]
+    assert "E" in flags and "x" in flags
+
+
+def test_shadow_keys_follow_the_due_set(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url, expiry_events=True, configure_server=True)
+    admin = server.client()
+    shadow = backend._keys["shadow:"]
+    try:
+        now = server_time(backend)
+        backend.enqueue([spec("soon", now + 30), spec("later", now + 60), spec("due", now - 1)])
+        assert 29_000 < admin.pttl(shadow + "soon") <= 30_000
+        assert backend.cancel("later").value == "cancelled"
+        assert not admin.exists(shadow + "later")
+        assert [c.job.id for c in backend.claim(limit=5, lease=30)] == ["due"]
+        assert not admin.exists(shadow + "due")
+    finally:
+        backend.close()
+
+
+def test_a_shadow_key_expiry_event_wakes_a_waiting_worker(server: RedisServer) -> None:
+    backend = RedisBackend.from_url(server.url, expiry_events=True, configure_server=True)
+    admin = server.client()
+    try:
+        waiter = Waiter(backend, max_wait=60)  # nothing scheduled: it would block 60 s
+
+        def expire_a_shadow_key() -> bool:
+            admin.set(backend._keys["shadow:"] + "x", "", px=20)
+            return waiter.done.is_set()
+
+        assert wait_until(expire_a_shadow_key, timeout=10, interval=0.2)
+        assert waiter.error is None
+    finally:
+        backend.close()
+
+
+# -- durability and dropped connections ---------------------------------------------
+
+
+def test_every_enqueue_that_returned_survives_a_sigkill_of_an_aof_always_server(
+    tmp_path: Path,
+) -> None:
+    server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        backend = RedisBackend.from_url(server.url, socket_connect_timeout=1)
+        returned: list[str] = []
+        stopped = threading.Event()
+
+        def produce() -> None:
+            run_at = server_time(backend) + 3600
+            try:
+                for i in range(1_000_000):
+                    backend.enqueue([spec(f"j{i}", run_at)])
+                    returned.append(f"j{i}")
+            except BackendError:
+                pass
+            finally:
+                stopped.set()
+
+        threading.Thread(target=produce, daemon=True).start()
+        assert wait_until(lambda: len(returned) >= 300, timeout=20)
+        server.kill()
+        assert stopped.wait(10)
+        backend.close()
+        server.start()
+        reopened = RedisBackend.from_url(server.url)
+        try:
+            assert wait_until(lambda: _loaded(reopened), timeout=10)
+            missing = [j for j in returned if reopened.get(j) is None]
+            assert missing == []
+            assert reopened.stats().scheduled >= len(returned)
+        finally:
+            reopened.close()
+    finally:
+        server.stop()
+
+
+def _loaded(backend: RedisBackend) -> bool:
+    try:
+        backend.stats()
+    except BackendUnavailable:
+        return False
+    return True
+
+
+class DroppingProxy:
+    """A TCP proxy that, once armed, forwards one matching command, lets the
+    server answer it, and then drops the client's connection without the reply."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.trigger: bytes | None = None
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            threading.Thread(target=self._pump_up, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    def _pump_up(self, client: socket.socket, upstream: socket.socket) -> None:
+        while data := _recv(client):
+            upstream.sendall(data)
+            if self.trigger is not None and self.trigger in data:
+                self.trigger = None
+                # Let the server run the command and answer, then lose the answer.
+                upstream.shutdown(socket.SHUT_WR)
+                client.close()
+                self.dropped.set()
+                return
+        upstream.close()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while data := _recv(src):
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        src.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(65536)
+    except OSError:
+        return b""
+
+
+def test_a_claim_whose_connection_drops_loses_nothing_and_duplicates_nothing(
+    server: RedisServer,
+) -> None:
+    proxy = DroppingProxy(server.port)
+    backend = RedisBackend.from_url(f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        now = server_time(backend)
+        backend.enqueue([spec(f"j{i}", now - 10 + i) for i in range(6)])
+        assert backend.claim(limit=1, lease=1.0, now=0.0) == []  # loads the script
+        proxy.trigger = backend._scripts["claim"].sha.encode()
+        lost_at = server_time(backend)
+        first = backend.claim(limit=3, lease=1.0)  # the first attempt's reply is lost
+        assert proxy.dropped.is_set()
+        # The lost claim took j0..j2; the retry got the next three.
+        assert [c.job.id for c in first] == ["j3", "j4", "j5"]
+        runs: dict[str, list[Claim]] = {}
+        for claim in first:
+            runs.setdefault(claim.job.id, []).append(claim)
+            backend.ack(claim)
+
+        def drain() -> bool:
+            for claim in backend.claim(limit=10, lease=30):
+                runs.setdefault(claim.job.id, []).append(claim)
+                backend.ack(claim)
+            return len(runs) == 6
+
+        assert wait_until(drain, timeout=10, interval=0.05)
+        assert {job_id: len(claims) for job_id, claims in runs.items()} == dict.fromkeys(
+            (f"j{i}" for i in range(6)), 1
+        )
+        for job_id in ("j0", "j1", "j2"):
+            (claim,) = runs[job_id]
+            assert claim.attempt == 2  # the lost claim used attempt 1
+            assert claim.claimed_at >= lost_at + 1.0  # only after that lease ran out
+            job = backend.get(job_id)
+            assert job is not None and job.state is JobState.SUCCEEDED
+            assert "lease expired" in (job.last_error or "")
+    finally:
+        backend.close()
+        proxy.close()
