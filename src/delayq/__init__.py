@@ -7,6 +7,7 @@ time.
 
 from __future__ import annotations
 
+from delayq.app import DelayQ, JobContext
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff
 from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
 from delayq.errors import (
@@ -35,6 +36,7 @@ from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
 from delayq.timers.heap_timer import DelayQueueTimer
 from delayq.timers.retry_queue import RetryQueue
 from delayq.timers.timing_wheel import HierarchicalWheel, TimingWheel
+from delayq.worker import JobResult, Worker, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -46,6 +48,7 @@ __all__ = [
     "CancelOutcome",
     "Clock",
     "ConfigurationError",
+    "DelayQ",
     "DelayQueue",
     "DelayQueueTimer",
     "Delayed",
@@ -62,7 +65,9 @@ __all__ = [
     "InvalidPayload",
     "Job",
     "JobConflict",
+    "JobContext",
     "JobNotFound",
+    "JobResult",
     "JobState",
     "Misfire",
     "MissingDependency",
@@ -79,4 +84,6 @@ __all__ = [
     "TimerHandle",
     "TimingWheel",
     "UnknownHandler",
+    "Worker",
+    "WorkerStats",
 ]
