@@ -75,7 +75,9 @@ def _open_app(ctx: click.Context) -> Iterator[DelayQ]:
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    # Piped output is not cut to 80 columns: tables stay one row per job.
+    width = None if sys.stdout.isatty() else 160
+    return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def _echo_json(data: Any) -> None:
@@ -248,7 +250,8 @@ def _load_app(target: str, url: str | None) -> DelayQ:
     return obj
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str) -> Callable[[], None]:
+    """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
     handler: logging.Handler
     if sys.stderr.isatty():
         handler = RichHandler(show_path=False, rich_tracebacks=True)
@@ -259,9 +262,15 @@ def _setup_logging(level: str) -> None:
             logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
         )
     root = logging.getLogger("delayq")
+    saved = (list(root.handlers), root.level, root.propagate)
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+    def restore() -> None:
+        root.handlers[:], root.level, root.propagate = saved
+
+    return restore
 
 
 @cli.command()
@@ -293,7 +302,6 @@ def worker(
     grace period to finish; a second signal stops at once.
     """
     settings: _Settings = ctx.ensure_object(_Settings)
-    _setup_logging(log_level)
     with _errors():
         app = _load_app(target, settings.url)
         w = Worker(
@@ -303,6 +311,7 @@ def worker(
             batch=batch,
             grace=_duration(grace, "--grace"),
         )
+    restore_logging = _setup_logging(log_level)
     log = logging.getLogger("delayq.worker")
     if settings.url is not None and app.url != settings.url:
         log.warning(
@@ -330,6 +339,7 @@ def worker(
             stats.skipped,
         )
         app.close()
+        restore_logging()
 
 
 # -- producers ---------------------------------------------------------------------------
