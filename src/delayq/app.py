@@ -572,8 +572,13 @@ class DelayQ:
 
     @staticmethod
     def _backoff_spec(value: object) -> dict[str, Any]:
+        if not isinstance(value, Backoff | Mapping | str | list | tuple) and value is not None:
+            raise InvalidOption(
+                f"backoff must be a Backoff policy, a spec dict, '2s,5s,10s,20s' or a list of "
+                f"seconds; got {value!r}"
+            )
         try:
-            policy = backoff_from_spec(value)  # type: ignore[arg-type]
+            policy = backoff_from_spec(value)
             spec = policy.to_spec()
             backoff_from_spec(spec)  # a worker must be able to read it back
         except InvalidInput as exc:
