@@ -22,10 +22,17 @@ from typing import Any, Protocol, Self
 
 from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueClosed
-from delayq.timers.base import DROPPED, TimerHandle
+from delayq.errors import InvalidDelay, InvalidOption, QueueClosed
+from delayq.timers.base import DROPPED, TimerHandle, _Ticks
 
-__all__ = ["ErrorHandler", "TimerBase", "WheelCore", "WheelTimer"]
+__all__ = [
+    "ErrorHandler",
+    "TimerBase",
+    "WheelCore",
+    "WheelTimer",
+    "check_max_pending",
+    "check_tick",
+]
 
 log = logging.getLogger("delayq.timers")
 
@@ -41,6 +48,17 @@ _INF = float("inf")
 
 def _log_error(handle: TimerHandle, exc: Exception) -> None:
     log.error("timer callback %r raised", handle, exc_info=exc)
+
+
+def check_tick(tick: object) -> float:
+    """Validate a tick duration: a finite number of seconds > 0."""
+    try:
+        seconds = check_seconds(tick, "tick")
+    except InvalidDelay as exc:
+        raise InvalidOption(str(exc)) from exc
+    if not seconds > 0:
+        raise InvalidOption(f"tick must be > 0 seconds, got {tick!r}")
+    return seconds
 
 
 def check_max_pending(max_pending: int | None) -> int | None:
@@ -166,9 +184,18 @@ def _deadline_key(handle: TimerHandle) -> float:
 
 
 class WheelCore(Protocol):
-    """What :class:`WheelTimer` needs from a pure wheel core."""
+    """What :class:`WheelTimer` needs from a pure wheel core.
+
+    The driver protocol: before sleeping, the driver sets ``_sleep_tick`` to
+    the tick it sleeps until (``_next_tick()``, or inf); ``_add`` notifies
+    ``_lock`` and resets it to -inf when a new handle's bucket expires
+    earlier. While the driver is awake ``_sleep_tick`` is -inf, so schedules
+    do not notify at all.
+    """
 
     _lock: threading.Condition | None
+    _sleep_tick: float
+    _ticks: _Ticks
 
     def _add(
         self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...]
@@ -176,9 +203,9 @@ class WheelCore(Protocol):
         """Link a new handle (``deadline`` already validated); raise QueueFull when full."""
         ...
 
-    def advance(self, now: float) -> list[TimerHandle]: ...
+    def _next_tick(self) -> int | None: ...
 
-    def next_expiration(self) -> float | None: ...
+    def advance(self, now: float) -> list[TimerHandle]: ...
 
     def clear(self) -> list[TimerHandle]: ...
 
@@ -188,10 +215,11 @@ class WheelCore(Protocol):
 class WheelTimer(TimerBase):
     """A driver thread around a pure wheel core.
 
-    Lock rule: ``_cond`` (its lock) guards the core, ``_closed``, ``_wake_at``
-    and ``_in_flight``. The core's handles cancel through the same lock (the
-    core is given it as ``_lock``). The driver holds the lock only while it
-    calls the core, never while it hands callbacks to the executor.
+    Lock rule: ``_cond`` (its lock) guards the core (including its
+    ``_sleep_tick``), ``_closed`` and ``_in_flight``. The core's handles
+    cancel through the same lock (the core is given it as ``_lock``). The
+    driver holds the lock only while it calls the core, never while it hands
+    callbacks to the executor.
     """
 
     def __init__(
@@ -207,8 +235,6 @@ class WheelTimer(TimerBase):
         self._cond = threading.Condition(threading.Lock())
         self._core = core
         core._lock = self._cond
-        # The time the driver sleeps until (inf when it sleeps until notified).
-        self._wake_at = float("inf")
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -221,12 +247,7 @@ class WheelTimer(TimerBase):
         with self._cond:
             if self._closed:
                 raise QueueClosed("cannot schedule on a stopped timer")
-            handle = self._core._add(deadline, fn, args)
-            nxt = self._core.next_expiration()
-            if nxt is not None and nxt < self._wake_at:
-                self._wake_at = nxt
-                self._cond.notify()
-        return handle
+            return self._core._add(deadline, fn, args)
 
     def pending(self) -> int:
         """How many callbacks wait for their deadline."""
@@ -246,14 +267,14 @@ class WheelTimer(TimerBase):
                     if due:
                         self._in_flight += len(due)
                         break
-                    nxt = core.next_expiration()
-                    if nxt is None:
-                        self._wake_at = float("inf")
+                    tick = core._next_tick()
+                    if tick is None:
+                        core._sleep_tick = _INF
                         clock.wait(cond, None)
                     else:
-                        self._wake_at = nxt
-                        clock.wait(cond, nxt - now)
-                    self._wake_at = float("-inf")  # awake: schedules need not notify
+                        core._sleep_tick = tick
+                        clock.wait(cond, core._ticks.boundary(tick) - now)
+                    core._sleep_tick = -_INF  # awake: schedules need not notify
             try:
                 self._dispatch(due)
             finally:

@@ -37,7 +37,7 @@ from typing import Any
 from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueFull
-from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending
+from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import CANCELLED, DROPPED, EXPIRED, TimerHandle, _Node, _Ticks
 
 __all__ = ["HashedWheel", "HashedWheelTimer"]
@@ -53,13 +53,6 @@ class _Slot(_Node):
     def __init__(self) -> None:
         self._prev = self
         self._next = self
-
-
-def _check_tick(tick: object) -> float:
-    seconds = check_seconds(tick, "tick")
-    if not seconds > 0:
-        raise InvalidOption(f"tick must be > 0 seconds, got {tick!r}")
-    return seconds
 
 
 def _check_slots(slots: object, name: str = "slots") -> int:
@@ -85,7 +78,16 @@ class HashedWheel:
     lock and sets ``_lock`` so ``handle.cancel()`` takes that lock too.
     """
 
-    __slots__ = ("_count", "_current", "_lock", "_max_pending", "_overdue", "_ticks", "_wheel")
+    __slots__ = (
+        "_count",
+        "_current",
+        "_lock",
+        "_max_pending",
+        "_overdue",
+        "_sleep_tick",
+        "_ticks",
+        "_wheel",
+    )
 
     def __init__(
         self,
@@ -95,13 +97,15 @@ class HashedWheel:
         start: float = 0.0,
         max_pending: int | None = None,
     ) -> None:
-        self._ticks = _Ticks(check_seconds(start, "start"), _check_tick(tick))
+        self._ticks = _Ticks(check_seconds(start, "start"), check_tick(tick))
         self._wheel = [_Slot() for _ in range(_check_slots(slots))]
         self._overdue = _Slot()  # scheduled at or before the current tick: due now
         self._current = 0
         self._count = 0
         self._max_pending = check_max_pending(max_pending)
         self._lock: threading.Condition | None = None
+        # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
+        self._sleep_tick = -_INF
 
     # -- properties -----------------------------------------------------------
     @property
@@ -145,33 +149,63 @@ class HashedWheel:
                 "cancel some or create the timer with a larger max_pending"
             )
         handle = TimerHandle(deadline, fn, args, self)
-        due = self._ticks.due(deadline)
+        ticks = self._ticks
+        start, tick = ticks.start, ticks.tick
+        due = math.ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        if start + due * tick < deadline:
+            due += 1
+        elif start + (due - 1) * tick >= deadline:
+            due -= 1
         current = self._current
         if due <= current:
             slot = self._overdue
+            wake = current
         else:
             wheel = self._wheel
             size = len(wheel)
             handle._n = (due - current - 1) // size
             slot = wheel[due % size]
+            wake = current + 1
         last = slot._prev
         handle._prev = last
         handle._next = slot
         last._next = handle
         slot._prev = handle
         self._count += 1
+        if wake < self._sleep_tick and self._lock is not None:
+            self._sleep_tick = -_INF
+            self._lock.notify()
         return handle
 
     def rounds_of(self, handle: TimerHandle) -> int:
         """How many more times the pointer passes ``handle``'s slot before it fires."""
         return handle._n
 
+    def slot_of(self, handle: TimerHandle) -> int | None:
+        """The slot holding ``handle`` (-1: due now), None if it is not pending here.
+
+        For inspection and tests: walks the slot's list to its sentinel.
+        """
+        if handle._link is not self:
+            return None
+        node: _Node = handle._next
+        while not isinstance(node, _Slot):
+            node = node._next
+        return -1 if node is self._overdue else self._wheel.index(node)
+
     def _cancel(self, handle: TimerHandle) -> bool:
         lock = self._lock
         if lock is None:
             return self._remove(handle)
         with lock:
-            return self._remove(handle)
+            if handle._link is not self:
+                return False
+            prev, nxt = handle._prev, handle._next
+            prev._next = nxt
+            nxt._prev = prev
+            handle._link = CANCELLED
+            self._count -= 1
+            return True
 
     def _remove(self, handle: TimerHandle) -> bool:
         if handle._link is not self:
@@ -191,11 +225,15 @@ class HashedWheel:
         scanning, so it wakes on every tick while it holds tasks (the seeds'
         design); when empty it does not tick at all.
         """
+        tick = self._next_tick()
+        return None if tick is None else self._ticks.boundary(tick)
+
+    def _next_tick(self) -> int | None:
         if self._overdue._next is not self._overdue:
-            return self._ticks.boundary(self._current)
+            return self._current
         if self._count == 0:
             return None
-        return self._ticks.boundary(self._current + 1)
+        return self._current + 1
 
     def advance(self, now: float) -> list[TimerHandle]:
         """Process every tick whose boundary is ``<= now``; return the handles now due.

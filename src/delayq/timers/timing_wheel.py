@@ -29,6 +29,7 @@ is the first boundary at or after its deadline (it never fires early), and
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -37,10 +38,12 @@ from typing import Any
 from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueFull
-from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending
+from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import CANCELLED, DROPPED, EXPIRED, TimerHandle, _Node, _Ticks
 
 __all__ = ["HierarchicalWheel", "TimingWheel"]
+
+_INF = math.inf
 
 
 class _Bucket(_Node):
@@ -100,6 +103,7 @@ class HierarchicalWheel:
         "_pushes",
         "_seq",
         "_size",
+        "_sleep_tick",
         "_ticks",
     )
 
@@ -111,9 +115,7 @@ class HierarchicalWheel:
         start: float = 0.0,
         max_pending: int | None = None,
     ) -> None:
-        seconds = check_seconds(tick, "tick")
-        if not seconds > 0:
-            raise InvalidOption(f"tick must be > 0 seconds, got {tick!r}")
+        seconds = check_tick(tick)
         if isinstance(wheel_size, bool) or not isinstance(wheel_size, int) or wheel_size < 2:
             raise InvalidOption(f"wheel_size must be an int >= 2, got {wheel_size!r}")
         self._ticks = _Ticks(check_seconds(start, "start"), seconds)
@@ -128,6 +130,8 @@ class HierarchicalWheel:
         self._seq = 0
         self._max_pending = check_max_pending(max_pending)
         self._lock: threading.Condition | None = None
+        # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
+        self._sleep_tick = -_INF
 
     # -- properties -----------------------------------------------------------
     @property
@@ -190,14 +194,28 @@ class HierarchicalWheel:
         handle = TimerHandle(deadline, fn, args, self)
         handle._n = self._seq
         self._seq += 1
-        self._place(handle, self._ticks.due(deadline))
+        ticks = self._ticks
+        start, tick = ticks.start, ticks.tick
+        due = math.ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        if start + due * tick < deadline:
+            due += 1
+        elif start + (due - 1) * tick >= deadline:
+            due -= 1
+        wake = self._place(handle, due)
         self._count += 1
+        if wake < self._sleep_tick and self._lock is not None:
+            self._sleep_tick = -_INF
+            self._lock.notify()
         return handle
 
-    def _place(self, handle: TimerHandle, due: int) -> None:
-        """Link ``handle`` (due at tick ``due``) into the finest level that spans it."""
+    def _place(self, handle: TimerHandle, due: int) -> int:
+        """Link ``handle`` (due at tick ``due``) into the finest level that spans it.
+
+        Returns the tick at which its bucket expires.
+        """
         if due <= self._current:
             bucket = self._overdue
+            expiration = self._current
         else:
             levels = self._levels
             level = levels[0]
@@ -220,13 +238,21 @@ class HierarchicalWheel:
         handle._next = bucket
         last._next = handle
         bucket._prev = handle
+        return expiration
 
     def _cancel(self, handle: TimerHandle) -> bool:
         lock = self._lock
         if lock is None:
             return self._remove(handle)
         with lock:
-            return self._remove(handle)
+            if handle._link is not self:
+                return False
+            prev, nxt = handle._prev, handle._next
+            prev._next = nxt
+            nxt._prev = prev
+            handle._link = CANCELLED
+            self._count -= 1
+            return True
 
     def _remove(self, handle: TimerHandle) -> bool:
         if handle._link is not self:
@@ -245,13 +271,17 @@ class HierarchicalWheel:
         Buckets emptied by cancellation are dropped from the head here, so a
         driver does not wake for them.
         """
+        tick = self._next_tick()
+        return None if tick is None else self._ticks.boundary(tick)
+
+    def _next_tick(self) -> int | None:
         if self._overdue._next is not self._overdue:
-            return self._ticks.boundary(self._current)
+            return self._current
         heap = self._heap
         while heap:
             expiration, _, bucket = heap[0]
             if bucket._next is not bucket and bucket.expiration == expiration:
-                return self._ticks.boundary(expiration)
+                return expiration
             heapq.heappop(heap)
             if bucket.expiration == expiration:
                 bucket.expiration = -1
