@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from delayq._validate import check_seconds
-from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
 from delayq.errors import InvalidOption, QueueClosed
 
 __all__ = ["AsyncDelayQueue", "DelayQueue", "Delayed", "DelayedItem"]
@@ -125,7 +125,8 @@ class DelayQueue(Generic[T]):
     ``deadline`` attribute is read (see :class:`Delayed`). The deadline is read
     once, when the item is put.
 
-    Lock rule: ``_lock`` guards ``_heap``, ``_leader`` and ``_closed``.
+    Lock rule: ``_lock`` guards ``_heap``, ``_leader``, ``_waiting`` (consumers
+    inside a wait, so a notify nobody would receive is skipped) and ``_closed``.
     ``_available`` is the one condition on ``_lock``: consumers wait on it, and
     it is notified when a new head arrives, when a leader leaves, and on close.
     No user code (``key`` is the exception: it runs before the lock is taken;
@@ -143,6 +144,7 @@ class DelayQueue(Generic[T]):
         "_monotonic",
         "_seq",
         "_wait",
+        "_waiting",
     )
 
     def __init__(
@@ -150,9 +152,14 @@ class DelayQueue(Generic[T]):
     ) -> None:
         self._clock = clock
         self._monotonic = clock.monotonic
-        self._wait = clock.wait
+        # The system clock's wait is Condition.wait; calling it directly saves a
+        # frame per wait on the hot path.
+        self._wait: Callable[[threading.Condition, float | None], bool] = (
+            threading.Condition.wait if type(clock) is SystemClock else clock.wait
+        )
         self._key: Callable[[T], float] = key if key is not None else _deadline_of
         self._lock = threading.Lock()
+        self._waiting = 0
         self._available = threading.Condition(self._lock)
         self._heap: list[_Entry[T]] = []
         self._seq = itertools.count()
@@ -169,7 +176,17 @@ class DelayQueue(Generic[T]):
         deadline = self._key(item)
         if not (deadline.__class__ is float and -_INF < deadline < _INF):
             deadline = check_seconds(deadline, "deadline")
-        self._push(deadline, item)
+        # _push inlined: this is the hot path.
+        with self._lock:
+            if self._closed:
+                raise QueueClosed("cannot put into a closed DelayQueue")
+            heap = self._heap
+            entry = (deadline, next(self._seq), item)
+            heapq.heappush(heap, entry)
+            if heap[0] is entry:
+                self._leader = None
+                if self._waiting:
+                    self._available.notify()
 
     def offer(self, item: T) -> bool:
         """Add ``item`` and return True (the queue is unbounded; Java's name)."""
@@ -201,7 +218,8 @@ class DelayQueue(Generic[T]):
             if heap[0] is entry:
                 # A new head: whoever waits timed waits for the wrong deadline.
                 self._leader = None
-                self._available.notify()
+                if self._waiting:
+                    self._available.notify()
 
     # -- consuming ---------------------------------------------------------
     def take(self) -> T:
@@ -223,6 +241,7 @@ class DelayQueue(Generic[T]):
                             return heapq.heappop(heap)[2]
                         if self._closed:
                             raise QueueClosed("DelayQueue is closed and no item is due")
+                        self._waiting += 1
                         if self._leader is not None:
                             wait(cond, None)
                         else:
@@ -233,12 +252,15 @@ class DelayQueue(Generic[T]):
                             finally:
                                 if self._leader == me:
                                     self._leader = None
+                        self._waiting -= 1
                     elif self._closed:
                         raise QueueClosed("DelayQueue is closed and empty")
                     else:
+                        self._waiting += 1
                         wait(cond, None)
+                        self._waiting -= 1
             finally:
-                if self._leader is None and heap:
+                if self._leader is None and heap and self._waiting:
                     cond.notify()
 
     def poll(self, timeout: float | None = None) -> T | None:
@@ -255,7 +277,7 @@ class DelayQueue(Generic[T]):
             with self._lock:
                 if heap and heap[0][0] <= monotonic():
                     item = heapq.heappop(heap)[2]
-                    if self._leader is None and heap:
+                    if self._leader is None and heap and self._waiting:
                         self._available.notify()
                     return item
                 if self._closed:
@@ -280,6 +302,7 @@ class DelayQueue(Generic[T]):
                     remaining = end - now
                     if remaining <= 0:
                         return None
+                    self._waiting += 1
                     if remaining < delay or self._leader is not None:
                         # Our own timeout comes first (or someone else leads).
                         wait(cond, remaining)
@@ -291,8 +314,9 @@ class DelayQueue(Generic[T]):
                         finally:
                             if self._leader == me:
                                 self._leader = None
+                    self._waiting -= 1
             finally:
-                if self._leader is None and heap:
+                if self._leader is None and heap and self._waiting:
                     cond.notify()
 
     def drain_to(
@@ -312,7 +336,7 @@ class DelayQueue(Generic[T]):
             now = self._monotonic()
             while heap and heap[0][0] <= now and len(out) != limit:
                 out.append(heapq.heappop(heap)[2])
-            if out and self._leader is None and heap:
+            if out and self._leader is None and heap and self._waiting:
                 self._available.notify()
         for item in out:
             add(item)
