@@ -1,0 +1,273 @@
+"""Random operation sequences against every backend, checked against a tiny model.
+
+The model is the contract in a few dozen lines: a dict of jobs with a state,
+a due time, attempts and the current fencing token. Hypothesis drives enqueue
+(with every ``on_conflict``), cancel, reschedule, claim, ack, retry, bury,
+requeue and the passage of time, and after every step the backend must agree
+with the model on every outcome and every job's state.
+
+Ties in ``run_at`` may be broken differently after a retry or a lease expiry,
+so a claim is accepted when it is *a* valid choice: only due jobs, in
+``run_at`` order, and no unclaimed job due strictly earlier than one claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from delayq.backends.base import Backend
+from delayq.errors import JobConflict, StaleClaim
+from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobState, RescheduleOutcome
+from delayq.testing import FakeClock
+from tests.contract._registry import BackendFactory
+from tests.contract._support import spec
+
+IDS = ["a", "b", "c", "d", "e"]
+LEASE_CHOICES = [5.0, 10.0]
+OnConflict = Literal["reject", "keep", "replace"]
+
+
+@dataclass
+class ModelJob:
+    state: JobState
+    run_at: float
+    attempts: int
+    max_attempts: int
+    token: int | None = None
+    lease_until: float | None = None
+
+
+class Model:
+    """The contract, simply (no result_ttl purge: the test never advances 7 days)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, ModelJob] = {}
+
+    def enqueue(
+        self, batch: list[tuple[str, float, int]], on_conflict: OnConflict
+    ) -> list[EnqueueOutcome] | type[JobConflict]:
+        staged = dict(self.jobs)
+        outcomes = []
+        for job_id, run_at, max_attempts in batch:
+            current = staged.get(job_id)
+            if current is None:
+                outcomes.append(EnqueueOutcome.CREATED)
+            elif on_conflict == "keep":
+                outcomes.append(EnqueueOutcome.KEPT)
+                continue
+            elif on_conflict == "reject" or current.state is JobState.RUNNING:
+                return JobConflict
+            else:
+                outcomes.append(EnqueueOutcome.REPLACED)
+            staged[job_id] = ModelJob(JobState.SCHEDULED, run_at, 0, max_attempts)
+        self.jobs = staged
+        return outcomes
+
+    def expire_leases(self, now: float) -> None:
+        for job in self.jobs.values():
+            lease_until = job.lease_until
+            if job.state is JobState.RUNNING and lease_until is not None and lease_until <= now:
+                if job.attempts >= job.max_attempts:
+                    job.state = JobState.DEAD
+                else:
+                    job.state, job.run_at = JobState.SCHEDULED, lease_until
+                job.lease_until = None
+
+    def due(self, now: float) -> dict[str, float]:
+        return {
+            i: j.run_at
+            for i, j in self.jobs.items()
+            if j.state is JobState.SCHEDULED and j.run_at <= now
+        }
+
+    def is_current(self, claim: Claim) -> bool:
+        job = self.jobs.get(claim.job.id)
+        return job is not None and job.state is JobState.RUNNING and job.token == claim.token
+
+    def next_due(self) -> float | None:
+        times = [j.run_at for j in self.jobs.values() if j.state is JobState.SCHEDULED]
+        return min(times, default=None)
+
+
+def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMachine]:
+    counter = itertools.count()
+
+    class BackendMatchesModel(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = FakeClock()
+            self.stack = contextlib.ExitStack()
+            store = str(root / f"model-{next(counter)}.db")
+            self.backend: Backend = self.stack.enter_context(factory.open(self.clock, store))
+            self.model = Model()
+            self.claims: list[Claim] = []
+
+        def teardown(self) -> None:
+            self.stack.close()
+
+        @property
+        def now(self) -> float:
+            return self.clock.time()
+
+        @rule(
+            batch=st.lists(
+                st.tuples(
+                    st.sampled_from(IDS),
+                    st.integers(min_value=-3, max_value=20),
+                    st.integers(min_value=1, max_value=3),
+                ),
+                min_size=1,
+                max_size=3,
+            ),
+            on_conflict=st.sampled_from(["reject", "keep", "replace"]),
+        )
+        def enqueue(self, batch: list[tuple[str, int, int]], on_conflict: OnConflict) -> None:
+            timed = [(i, self.now + offset, m) for i, offset, m in batch]
+            expected = self.model.enqueue(timed, on_conflict)
+            specs = [spec(i, run_at, max_attempts=m) for i, run_at, m in timed]
+            if expected is JobConflict:
+                with pytest.raises(JobConflict):
+                    self.backend.enqueue(specs, on_conflict=on_conflict)
+            else:
+                assert self.backend.enqueue(specs, on_conflict=on_conflict) == expected
+
+        @rule(job_id=st.sampled_from(IDS))
+        def cancel(self, job_id: str) -> None:
+            job = self.model.jobs.get(job_id)
+            if job is None:
+                expected = CancelOutcome.NOT_FOUND
+            elif job.state is JobState.RUNNING:
+                expected = CancelOutcome.RUNNING
+            elif job.state is JobState.SCHEDULED:
+                expected = CancelOutcome.CANCELLED
+                job.state = JobState.CANCELLED
+            else:
+                expected = CancelOutcome.FINISHED
+            assert self.backend.cancel(job_id) is expected
+
+        @rule(job_id=st.sampled_from(IDS), offset=st.integers(min_value=-3, max_value=20))
+        def reschedule(self, job_id: str, offset: int) -> None:
+            job = self.model.jobs.get(job_id)
+            if job is None:
+                expected = RescheduleOutcome.NOT_FOUND
+            elif job.state is JobState.RUNNING:
+                expected = RescheduleOutcome.RUNNING
+            elif job.state is JobState.SCHEDULED:
+                expected = RescheduleOutcome.RESCHEDULED
+                job.run_at = self.now + offset
+            else:
+                expected = RescheduleOutcome.FINISHED
+            assert self.backend.reschedule(job_id, self.now + offset) is expected
+
+        @rule(limit=st.integers(min_value=1, max_value=3), lease=st.sampled_from(LEASE_CHOICES))
+        def claim(self, limit: int, lease: float) -> None:
+            now = self.now
+            self.model.expire_leases(now)
+            due = self.model.due(now)
+            claims = self.backend.claim(limit=limit, lease=lease, now=now)
+            got = [c.job.id for c in claims]
+            assert len(got) == min(limit, len(due)), (got, due)
+            assert set(got) <= set(due), (got, due)
+            times = [due[i] for i in got]
+            assert times == sorted(times)
+            left = [t for i, t in due.items() if i not in got]
+            assert not times or not left or min(left) >= max(times), (got, due)
+            for c in claims:
+                job = self.model.jobs[c.job.id]
+                job.state, job.attempts = JobState.RUNNING, job.attempts + 1
+                job.token, job.lease_until = c.token, now + lease
+                assert c.job.attempts == job.attempts
+                assert c.lease_until == pytest.approx(now + lease)
+            self.claims.extend(claims)
+
+        def _finish(self, index: int, action: str) -> None:
+            claim = self.claims[index % len(self.claims)]
+            current = self.model.is_current(claim)
+            job = self.model.jobs.get(claim.job.id)
+            with pytest.raises(StaleClaim) if not current else contextlib.nullcontext():
+                if action == "ack":
+                    self.backend.ack(claim)
+                elif action == "retry":
+                    self.backend.retry(claim, self.now + 2, "retry me")
+                else:
+                    self.backend.bury(claim, "dead")
+            if current and job is not None:
+                job.token = job.lease_until = None
+                if action == "ack":
+                    job.state = JobState.SUCCEEDED
+                elif action == "retry":
+                    job.state, job.run_at = JobState.SCHEDULED, self.now + 2
+                else:
+                    job.state = JobState.DEAD
+
+        @precondition(lambda self: bool(self.claims))
+        @rule(
+            index=st.integers(min_value=0, max_value=50),
+            action=st.sampled_from(["ack", "retry", "bury"]),
+        )
+        def finish(self, index: int, action: str) -> None:
+            self._finish(index, action)
+
+        @rule(job_id=st.sampled_from(IDS), offset=st.integers(min_value=0, max_value=10))
+        def requeue(self, job_id: str, offset: int) -> None:
+            job = self.model.jobs.get(job_id)
+            expected = job is not None and job.state is JobState.DEAD
+            assert self.backend.requeue_dead(job_id, self.now + offset) is expected
+            if job is not None and expected:
+                job.state, job.attempts, job.run_at = JobState.SCHEDULED, 0, self.now + offset
+
+        @rule(seconds=st.sampled_from([0.5, 1, 3, 7, 15]))
+        def advance(self, seconds: float) -> None:
+            self.clock.advance(seconds)
+
+        @invariant()
+        def states_agree(self) -> None:
+            for job_id in IDS:
+                job = self.backend.get(job_id)
+                expected = self.model.jobs.get(job_id)
+                if expected is None:
+                    assert job is None
+                    continue
+                assert job is not None
+                # A lease that ran out but was not yet noticed by a claim still reads RUNNING.
+                assert job.state is expected.state, (job_id, job, expected)
+                assert job.attempts == expected.attempts, (job_id, job, expected)
+                if expected.state is JobState.SCHEDULED:
+                    assert job.run_at == pytest.approx(expected.run_at)
+
+        @invariant()
+        def next_due_agrees(self) -> None:
+            expected = self.model.next_due()
+            got = self.backend.next_due()
+            assert got == (None if expected is None else pytest.approx(expected))
+
+    return BackendMatchesModel
+
+
+def test_backend_matches_the_model(factory: BackendFactory) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        run_state_machine_as_test(
+            make_machine(factory, Path(root)),
+            settings=settings(
+                max_examples=60,
+                stateful_step_count=30,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
