@@ -1,0 +1,71 @@
+"""The three timers on the real clock: never early, late by about a tick at most."""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from delayq import SYSTEM_CLOCK, DelayQueueTimer, HashedWheelTimer, TimingWheel
+from delayq.experiments import precision
+from tests._util import wait_until
+
+pytestmark = pytest.mark.slow
+
+# (factory, tick in seconds)
+TIMERS: dict[str, tuple[Callable[[], Any], float]] = {
+    "hashed_wheel": (lambda: HashedWheelTimer(tick=0.01, slots=64), 0.01),
+    "timing_wheel": (TimingWheel, 0.001),
+    "delay_queue": (DelayQueueTimer, 0.0),
+}
+SLACK = 0.05  # scheduling noise allowed on a loaded CI machine
+
+
+@pytest.mark.parametrize("kind", sorted(TIMERS))
+def test_real_time_callbacks_are_never_early_and_late_by_about_a_tick(kind: str) -> None:
+    make, tick = TIMERS[kind]
+    rng = random.Random(11)
+    lock = threading.Lock()
+    ran: dict[int, float] = {}
+
+    def fired(index: int) -> None:
+        with lock:
+            ran[index] = SYSTEM_CLOCK.monotonic()
+
+    with make() as timer:
+        handles = [timer.schedule_after(rng.uniform(0, 0.3), fired, i) for i in range(40)]
+        cancelled = handles[::5]
+        for handle in cancelled:
+            assert handle.cancel()
+        assert wait_until(lambda: len(ran) == 32, timeout=10)
+        assert timer.pending() == 0
+    for index, at in ran.items():
+        deadline = handles[index].deadline
+        assert at >= deadline
+        assert at - deadline <= tick + SLACK
+    assert not set(range(0, 40, 5)) & set(ran)
+
+
+def test_precision_experiment_reproduces_the_seed_table() -> None:
+    out = io.StringIO()
+    precision.run(out)
+    text = out.getvalue()
+    assert text.count("mean error") == 3
+    assert "hashed wheel (50 ms tick, 8 slots)" in text
+    for delay in precision.DELAYS_MS:
+        assert f"planned +{delay:3d}" in text
+
+
+def test_the_hashed_wheel_quantises_to_its_tick_and_the_heap_does_not() -> None:
+    wheel = precision.measure(lambda: HashedWheelTimer(tick=0.05, slots=8))
+    heap = precision.measure(DelayQueueTimer)
+    wheel_errors = [a - d for a, d in zip(wheel, precision.DELAYS_MS, strict=True)]
+    heap_errors = [a - d for a, d in zip(heap, precision.DELAYS_MS, strict=True)]
+    assert min(wheel_errors) >= 0 and min(heap_errors) >= 0
+    assert max(wheel_errors) <= 50 + SLACK * 1000
+    # Every seed delay sits 20-40 ms before the next 50 ms boundary.
+    assert sum(wheel_errors) / 6 >= 15
