@@ -651,6 +651,8 @@ def demo(
         speed = DemoConfig.story_seconds() / duration
     if not (speed > 0 and math.isfinite(speed)):
         raise _BadInput(f"--speed must be a positive number, got {speed}")
+    if db is not None and os.path.exists(db):
+        raise _BadInput(f"--db {db} exists; the demo needs a new file (or none: a temp file)")
     config = DemoConfig(speed=speed, seed=seed)
     if orders is not None:
         if orders < 1:
