@@ -87,7 +87,7 @@ def test_a_waiting_worker_wakes_when_another_process_enqueues_an_earlier_job(
 ) -> None:
     worker, producer = open_redis(), open_redis()
     producer.enqueue([spec("far", server_time(producer) + 3600)])
-    worker.wait_for_due(0.01)  # consume the wake-up token that enqueue left
+    worker._redis.delete(worker._keys["wake"])  # drop the token that enqueue left
     waiter = Waiter(worker, max_wait=60)
     assert wait_until(lambda: bool(worker._waiters), timeout=5)
     assert not waiter.done.wait(0.2)
@@ -131,7 +131,7 @@ def test_an_idle_worker_sends_a_handful_of_commands_per_wait(server: RedisServer
     backend = RedisBackend.from_url(server.url)
     try:
         backend.enqueue([spec("in-an-hour", server_time(backend) + 3600)])
-        backend.wait_for_due(0.01)  # consume the wake-up token that enqueue left
+        backend.wait_for_due(0.05)  # loads the script and takes the token enqueue left
         admin = server.client()
         before = _calls(admin)
         backend.wait_for_due(1.5)  # nothing due for an hour: one blocking wait
@@ -153,6 +153,21 @@ def test_an_idle_worker_sends_a_handful_of_commands_per_wait(server: RedisServer
 def _calls(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def test_a_job_replaced_twice_in_one_batch_has_one_due_entry(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    backend = open_redis()
+    now = server_time(backend)
+    backend.enqueue([spec("a", now - 2)])
+    outcomes = backend.enqueue(
+        [spec("a", now - 1), spec("b", now - 1), spec("a", now - 0.5)], on_conflict="replace"
+    )
+    assert [o.value for o in outcomes] == ["replaced", "created", "replaced"]
+    assert backend._redis.zcard(backend._keys["due"]) == 2
+    claims = backend.claim(limit=10, lease=30)
+    assert [(c.job.id, c.job.run_at) for c in claims] == [("b", now - 1), ("a", now - 0.5)]
 
 
 # -- scripts, connections and server settings -----------------------------------

@@ -157,6 +157,8 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds script time)
 _WAKE_KEY_TTL_MS = 60_000  # private wake lists vanish if their waiter is gone
 _UNBLOCK_GRACE = 0.25  # seconds to wait for the reply after CLIENT UNBLOCK
+_LOCAL_WAIT = 0.010  # waits up to this long sleep locally instead of BLPOP
+_HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait_for_due
 
 T = TypeVar("T")
 
@@ -355,7 +357,8 @@ class RedisBackend:
             name: self._redis.register_script(text) for name, text in _SCRIPTS.items()
         }
         self._lock = threading.Lock()
-        self._waiters: dict[str, threading.Event] = {}
+        self._waiters: dict[str, threading.Event] = {}  # private wake list -> local event
+        self._hint = threading.local()  # per thread: (monotonic, seconds to next) of last claim
         self._closed = False
         self._subscriber: _ExpirySubscriber | None = None
         self._local = _local_wake(
@@ -466,6 +469,8 @@ class RedisBackend:
         self._local.notify()
         with self._lock:
             keys = list(self._waiters)
+            for event in self._waiters.values():
+                event.set()
         if not keys:
             return
         pipe = self._redis.pipeline(transaction=False)
@@ -507,17 +512,23 @@ class RedisBackend:
         if not specs:
             return []
         args: list[Any] = [on_conflict, len(specs)]
+        backoffs: dict[int, str] = {}  # specs of one batch often share one backoff dict
         for spec in specs:
-            args += [
+            backoff = backoffs.get(id(spec.backoff))
+            if backoff is None:
+                backoff = backoffs[id(spec.backoff)] = json.dumps(
+                    spec.backoff, separators=(",", ":")
+                )
+            args += (
                 spec.id,
                 spec.name,
                 spec.payload,
                 repr(check_run_at(spec.run_at)),
                 spec.max_attempts,
-                json.dumps(spec.backoff, separators=(",", ":")),
+                backoff,
                 spec.misfire,
                 repr(float(spec.created_at)),
-            ]
+            )
         reply = self._run("enqueue", args)
         if reply[0] == "conflict":
             job_id, state = reply[1], reply[2]
@@ -550,8 +561,11 @@ class RedisBackend:
         reply = self._run("claim", [limit, repr(lease), _RECOVER_PER_CLAIM], now=now, retry=True)
         claimed_at = float(reply[0])
         lease_until = float(reply[1])
+        if now is None and self._clock is None:  # the hint is on the server's clock
+            ms = _float(reply[2])
+            self._hint.value = (SYSTEM_CLOCK.monotonic(), None if ms is None else ms / 1000)
         claims: list[Claim] = []
-        for i in range(2, len(reply), 2):
+        for i in range(3, len(reply), 2):
             fields = _pairs(reply[i + 1])
             claims.append(
                 Claim(_job(reply[i], fields), int(fields["token"]), lease_until, claimed_at)
@@ -595,16 +609,39 @@ class RedisBackend:
         if self._expiry_events:
             self._ensure_subscriber()
         key = f"{self._keys['wake:']}{uuid.uuid4().hex}"
+        event = threading.Event()
         with self._lock:
-            self._waiters[key] = threading.Event()
+            self._waiters[key] = event
         try:
-            reply = self._run("next_wake", retry=True)
-            timeout = max_wait if reply == "" else min(max_wait, float(reply) / 1000)
-            if timeout > 0:
+            until = self._until_next()
+            timeout = max_wait if until is None else min(max_wait, until)
+            if timeout <= 0:
+                return
+            if timeout <= _LOCAL_WAIT:
+                # Too short for a BLPOP round trip to pay off: an earlier job
+                # arriving meanwhile waits at most this long.
+                event.wait(timeout)
+            else:
                 self._block(key, timeout)
         finally:
             with self._lock:
                 del self._waiters[key]
+
+    def _until_next(self) -> float | None:
+        """Seconds until the next due job or lease expiry (server clock); None: nothing.
+
+        Uses the hint the last ``claim`` of this thread returned when it is
+        fresh (saving a round trip in a busy worker's claim/wait loop), else
+        asks the server.
+        """
+        hint: tuple[float, float | None] | None = getattr(self._hint, "value", None)
+        self._hint.value = None
+        if hint is not None:
+            age = SYSTEM_CLOCK.monotonic() - hint[0]
+            if age < _HINT_MAX_AGE:
+                return None if hint[1] is None else hint[1] - age
+        reply = self._run("next_wake", retry=True)
+        return None if reply == "" else float(reply) / 1000
 
     def _wait_on_clock(self, clock: Clock, max_wait: float) -> None:
         local = self._local

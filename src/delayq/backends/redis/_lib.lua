@@ -78,15 +78,17 @@ local function unschedule(key, id)
   end
 end
 
-local function head_member()
-  return redis.call('ZRANGE', K_DUE, 0, 0)[1]
+-- The score of the head of the due set (its run_at in ms), or nil when empty.
+local function head_score()
+  return tonumber(redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')[2])
 end
 
--- Wake one blocked worker when the head of the due set changed. The list
--- holds at most one token: a token nobody takes costs one spurious wake-up.
-local function wake_if_head_changed(before)
-  local after = head_member()
-  if after and after ~= before then
+-- Wake one blocked worker when the head of the due set became earlier than
+-- `before` (the head score before the change, or nil). The list holds at most
+-- one token: a token nobody takes costs one spurious wake-up.
+local function wake_if_earlier(before)
+  local after = head_score()
+  if after and (not before or after < before) then
     redis.call('LPUSH', K_WAKE, '1')
     redis.call('LTRIM', K_WAKE, 0, 0)
     return 1

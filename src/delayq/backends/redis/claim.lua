@@ -4,8 +4,9 @@
 -- ARGV[5]   limit: the most jobs to claim
 -- ARGV[6]   lease in seconds
 -- ARGV[7]   the most expired leases to recover in this call
--- Returns {now, lease_until, id1, fields1, id2, fields2, ...}: fields is the job's HGETALL
--- after the claim.
+-- Returns {now, lease_until, next, id1, fields1, id2, fields2, ...}: fields is the job's
+-- HGETALL after the claim; next is the milliseconds until the next due job or lease expiry
+-- after this claim ("" when there is none), so a worker can wait without asking again.
 --
 -- First, expired leases go back to the due set (due at once), or to the
 -- dead-letter set when the job has used all its attempts: no reaper process is
@@ -48,7 +49,7 @@ end
 
 local lease_until = NOW + lease
 local lease_until_s = fmt(lease_until)
-local result = {now, lease_until_s}
+local result = {now, lease_until_s, ''}
 local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
 for _, member in ipairs(members) do
   local id = string.sub(member, 17)
@@ -69,8 +70,17 @@ for _, member in ipairs(members) do
   end
 end
 
-if #members == limit and redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, 1)[1] then
+local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+local next_ms = tonumber(head[2])
+if #members == limit and next_ms and next_ms <= NOW_MS then
   redis.call('LPUSH', K_WAKE, '1')
   redis.call('LTRIM', K_WAKE, 0, 0)
+end
+local lease_head = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
+if lease_head[2] and (not next_ms or tonumber(lease_head[2]) < next_ms) then
+  next_ms = tonumber(lease_head[2])
+end
+if next_ms then
+  result[3] = fmt(next_ms - NOW_MS)
 end
 return result

@@ -32,15 +32,28 @@ for i = 0, n - 1 do
   end
 end
 
--- Pass 2: write.
-local before = head_member()
+-- Pass 2: write. New jobs take consecutive sequence numbers (one INCRBY),
+-- their hash in one HSET, and the due set in ZADDs of up to 500 jobs.
+local before = head_score()
 local now = fmt(NOW)
+local fresh = 0
+for i = 0, n - 1 do
+  if outcomes[i] ~= 'kept' then
+    fresh = fresh + 1
+  end
+end
+local seq = redis.call('INCRBY', K_SEQ, fresh) - fresh
+local zadd = {}
 local result = {'ok', 0}
 for i = 0, n - 1 do
   local base = 7 + i * FIELDS
   local id = ARGV[base]
   local key = job_key(id)
   if outcomes[i] == 'replaced' then
+    if #zadd > 0 then -- the job may be earlier in this batch: index it first
+      redis.call('ZADD', K_DUE, unpack(zadd))
+      zadd = {}
+    end
     local state = redis.call('HGET', key, 'state')
     if state == 'scheduled' then
       unschedule(key, id)
@@ -50,18 +63,33 @@ for i = 0, n - 1 do
     redis.call('DEL', key)
   end
   if outcomes[i] ~= 'kept' then
+    seq = seq + 1
     local created_at = ARGV[base + 7]
     if tonumber(created_at) == 0 then
       created_at = now
     end
+    local run_at = ARGV[base + 3]
+    local member = string.format('%016d', seq) .. id
     redis.call('HSET', key,
-      'name', ARGV[base + 1], 'payload', ARGV[base + 2], 'run_at', ARGV[base + 3],
+      'name', ARGV[base + 1], 'payload', ARGV[base + 2], 'run_at', run_at,
       'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[base + 4],
       'backoff', ARGV[base + 5], 'misfire', ARGV[base + 6], 'created_at', created_at,
-      'updated_at', now)
-    schedule(key, id, tonumber(ARGV[base + 3]), true)
+      'updated_at', now, 'seq', seq, 'member', member)
+    local score = tonumber(run_at) * 1000
+    zadd[#zadd + 1] = score
+    zadd[#zadd + 1] = member
+    if #zadd >= 1000 then
+      redis.call('ZADD', K_DUE, unpack(zadd))
+      zadd = {}
+    end
+    if SHADOW_PREFIX ~= '' then
+      redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', math.max(1, math.ceil(score - NOW_MS)))
+    end
   end
   result[#result + 1] = outcomes[i]
 end
-result[2] = wake_if_head_changed(before)
+if #zadd > 0 then
+  redis.call('ZADD', K_DUE, unpack(zadd))
+end
+result[2] = wake_if_earlier(before)
 return result

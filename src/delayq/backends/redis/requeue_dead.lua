@@ -9,10 +9,10 @@ local key = job_key(id)
 if redis.call('HGET', key, 'state') ~= 'dead' then
   return {0}
 end
-local before = head_member()
+local before = head_score()
 unindex_final(key, id, 'dead')
 redis.call('HSET', key, 'state', 'scheduled', 'attempts', 0, 'run_at', run_at,
   'updated_at', fmt(NOW))
 redis.call('HDEL', key, 'outcome')
 schedule(key, id, tonumber(run_at), false)
-return {1, wake_if_head_changed(before)}
+return {1, wake_if_earlier(before)}

@@ -14,8 +14,8 @@ elseif state == 'running' then
 elseif state ~= 'scheduled' then
   return {'finished', 0}
 end
-local before = head_member()
+local before = head_score()
 unschedule(key, id)
 redis.call('HSET', key, 'run_at', run_at, 'updated_at', fmt(NOW))
 schedule(key, id, tonumber(run_at), false)
-return {'rescheduled', wake_if_head_changed(before)}
+return {'rescheduled', wake_if_earlier(before)}

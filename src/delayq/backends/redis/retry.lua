@@ -13,10 +13,10 @@ local is_stale = stale(key, token)
 if is_stale then
   return is_stale
 end
-local before = head_member()
+local before = head_score()
 redis.call('ZREM', K_RUNNING, id)
 redis.call('HSET', key, 'state', 'scheduled', 'run_at', run_at, 'last_error', err,
   'updated_at', fmt(NOW))
 redis.call('HDEL', key, 'lease_until')
 schedule(key, id, tonumber(run_at), false)
-return {1, wake_if_head_changed(before)}
+return {1, wake_if_earlier(before)}
