@@ -339,6 +339,35 @@ def test_wait_for_due_wakes_at_once_for_an_earlier_job_from_another_handle(
         waiting.close()
 
 
+def test_without_wake_sockets_a_waiter_notices_other_commits_by_data_version(
+    db: str, clock: FakeClock
+) -> None:
+    waiting = SQLiteBackend(db, clock=clock)
+    writer = SQLiteBackend(db, clock=clock)
+    assert waiting._wake is not None
+    waiting._wake._failed = True  # as on a platform without unix datagram sockets
+    done = threading.Event()
+
+    def wait() -> None:
+        waiting.wait_for_due(3600)
+        done.set()
+
+    thread = threading.Thread(target=wait)
+    try:
+        thread.start()
+        assert clock.wait_for_waiters(1)
+        t0 = clock.time()
+        writer.enqueue([spec("soon", t0 + 3000)])
+        # The fallback re-checks every FALLBACK_POLL seconds of the backend's clock.
+        assert wait_until(lambda: (clock.advance(sqlite_module.FALLBACK_POLL), done.is_set())[1])
+        assert clock.time() - t0 < 60  # woken by the commit, long before the due time
+        thread.join()
+    finally:
+        writer.close()
+        waiting.close()
+    assert not list(wake_directory(db).glob("*.sock"))
+
+
 # -- the wake channel ------------------------------------------------------------------
 
 
@@ -461,4 +490,27 @@ def test_several_processes_never_claim_the_same_job(db: str) -> None:
         assert all(j.attempts == 1 for j in again.list_jobs(state=JobState.SUCCEEDED, limit=2000))
     finally:
         again.close()
+    assert pragma(db, "integrity_check") == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_connection(db: str) -> None:
+    backend = SQLiteBackend(db, synchronous="normal")
+    try:
+        backend.enqueue([spec("parent", backend._clock.time() + 60)])
+        pid = os.fork()
+        if pid == 0:  # the child: use the inherited object, then leave without cleanup
+            code = 1
+            try:
+                backend.enqueue([spec("child", backend._clock.time() + 60)])
+                code = 0 if backend.get("parent") is not None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        job = backend.get("child")
+        assert job is not None and job.state is JobState.SCHEDULED
+    finally:
+        backend.close()
     assert pragma(db, "integrity_check") == "ok"

@@ -210,7 +210,7 @@ class SQLiteBackend:
     * ``result_ttl``: seconds finished records are kept (default 7 days).
 
     Lock rule: ``_db_lock`` (reentrant) guards ``_conn``, ``_pid``,
-    ``_last_purge``, ``_data_version`` and ``_closed``; no user code and no
+    ``_last_purge`` and ``_closed``; no user code and no
     waiting happens under it. ``_cond`` (its own lock) guards ``_wake_gen`` and is
     notified when the schedule moved earlier, on :meth:`interrupt` and on close.
     """
@@ -237,7 +237,6 @@ class SQLiteBackend:
         self._wake_gen = 0
         self._closed = False
         self._last_purge = float("-inf")
-        self._data_version: int | None = None
         self._pid = os.getpid()
         self._wake: WakeChannel | None = None
         self._conn = self._connect()
@@ -679,6 +678,7 @@ class SQLiteBackend:
         with self._cond:
             gen = self._wake_gen
         deadline = clock.monotonic() + max_wait
+        seen_version: int | None = None  # fallback only: PRAGMA data_version at the start
         while True:
             try:
                 with self._read("waiting") as conn:
@@ -691,10 +691,9 @@ class SQLiteBackend:
             except QueueClosed:
                 return
             if version is not None:
-                if self._data_version is not None and version[0] != self._data_version:
-                    self._data_version = version[0]
-                    return
-                self._data_version = version[0]
+                if seen_version is not None and version[0] != seen_version:
+                    return  # another connection committed: look again
+                seen_version = version[0]
             with self._cond:
                 if self._closed or self._wake_gen != gen:
                     return
