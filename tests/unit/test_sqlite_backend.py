@@ -358,8 +358,12 @@ def test_without_wake_sockets_a_waiter_notices_other_commits_by_data_version(
         assert clock.wait_for_waiters(1)
         t0 = clock.time()
         writer.enqueue([spec("soon", t0 + 3000)])
-        # The fallback re-checks every FALLBACK_POLL seconds of the backend's clock.
-        assert wait_until(lambda: (clock.advance(sqlite_module.FALLBACK_POLL), done.is_set())[1])
+
+        def tick() -> bool:  # the fallback re-checks every FALLBACK_POLL s of backend time
+            clock.advance(sqlite_module.FALLBACK_POLL)
+            return done.is_set()
+
+        assert wait_until(tick)
         assert clock.time() - t0 < 60  # woken by the commit, long before the due time
         thread.join()
     finally:
