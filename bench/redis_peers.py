@@ -79,7 +79,7 @@ class Plan:
         return [(i, first + self.span_s * i / self.n_jobs) for i in range(self.n_jobs)]
 
 
-FULL = Plan(n_jobs=20_000, span_s=10.0, lead_s=20.0, drain_s=240.0)
+FULL = Plan(n_jobs=20_000, span_s=10.0, lead_s=12.0, drain_s=240.0)
 QUICK = Plan(n_jobs=2_000, span_s=3.0, lead_s=5.0, drain_s=30.0)
 
 
@@ -510,7 +510,9 @@ def _fell_behind(plan: Plan, jobs: Sequence[Job], runs: dict[int, list[float]]) 
     if len(starts) < 2 or starts[-1] - jobs[-1][1] < 1.0:
         return None
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
-    return f"fell behind: ran {rate:,.0f} jobs/s while {plan.n_jobs / plan.span_s:,.0f}/s came due"
+    digits = 0 if rate >= 10 else 1
+    due_rate = plan.n_jobs / plan.span_s
+    return f"fell behind: ran {rate:,.{digits}f} jobs/s while {due_rate:,.0f}/s came due"
 
 
 # --------------------------------------------------------------------------- delayq

@@ -112,3 +112,23 @@ def test_cleanup_deletes_only_the_benchmarked_systems_key_families() -> None:
     finally:
         client.delete(f"arq:job:{tag}", f"other:{tag}", redis_peers.CLAIM_KEY)
         client.close()
+
+
+def test_a_system_that_keeps_up_gets_no_fell_behind_note() -> None:
+    plan = Plan(n_jobs=4, span_s=2.0, lead_s=1.0, drain_s=5.0)
+    jobs = plan.jobs(start=0.0)
+
+    note = redis_peers._fell_behind(plan, jobs, {i: [0.005] for i in range(4)})
+
+    assert note is None
+
+
+def test_a_system_that_falls_behind_is_told_how_fast_it_ran() -> None:
+    plan = Plan(n_jobs=4, span_s=0.004, lead_s=1.0, drain_s=5.0)
+    jobs = plan.jobs(start=0.0)  # due 1 ms apart from 1.0 s on: 1,000 jobs/s
+    starts = [1.0, 3.0, 5.0, 7.0]  # one job every 2 s
+
+    runs = {i: [starts[i] - jobs[i][1]] for i in range(4)}
+    note = redis_peers._fell_behind(plan, jobs, runs)
+
+    assert note == "fell behind: ran 0.5 jobs/s while 1,000/s came due"
