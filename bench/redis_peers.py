@@ -574,7 +574,7 @@ def machine_summary(url: str) -> str:
         client.close()
     return (
         f"machine: {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}; "
-        f"Redis {redis_version}"
+        f"Redis {redis_version}; load average at start {os.getloadavg()[0]:.2f}"
     )
 
 
