@@ -225,8 +225,7 @@ def test_calls_fail_with_backend_unavailable_while_the_server_is_down(
             backend.claim(limit=1, lease=30)
         with pytest.raises(BackendUnavailable):
             backend.enqueue([spec("k", 0.0)])
-        with pytest.raises(BackendUnavailable):
-            backend.wait_for_due(1)
+        backend.wait_for_due(1)  # returns (after a short pause): claim reports the outage
     finally:
         backend.close()
 

@@ -17,7 +17,7 @@ import redis
 from delayq.backends.redis import RedisBackend
 from delayq.job import JobSpec, JobState
 from tests._util import wait_until
-from tests.redis_support import REDIS_URL, redis_client, redis_prefix
+from tests.redis_support import REDIS_URL, RedisServer, redis_client, redis_prefix
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -186,3 +186,37 @@ def test_a_worker_with_a_skewed_clock_runs_jobs_on_time_never_early(
         assert run.ran_at >= run.run_at, f"{run.job_id} ran early"
         # ...and not ten minutes late either: the worker never slept on its own clock.
         assert run.claimed_at - run.run_at < 5.0
+
+
+def test_a_worker_keeps_running_through_a_redis_restart(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always").start()
+    prefix = "delayqtest:restart"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.redis_worker_proc", server.url, prefix],
+        cwd=ROOT,
+    )
+    admin = server.client()
+    try:
+        backend = RedisBackend.from_url(server.url, prefix=prefix)
+        backend.enqueue([job("before", server_time(backend))])
+        assert wait_until(lambda: _state(backend, "before") is JobState.SUCCEEDED, timeout=20)
+        backend.close()
+        server.kill()
+        server.start()
+        admin = server.client()
+        backend = RedisBackend.from_url(server.url, prefix=prefix)
+        backend.enqueue([job("after", server_time(backend))])
+        assert wait_until(lambda: _state(backend, "after") is JobState.SUCCEEDED, timeout=20)
+        assert worker.poll() is None
+        backend.close()
+        stop(worker)
+        assert {line.split()[0] for line in admin.lrange(f"{prefix}:ran", 0, -1)} == {
+            "before",
+            "after",
+        }
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(timeout=10)
+        admin.close()
+        server.stop()

@@ -54,6 +54,7 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 import threading
 import uuid
 import weakref
@@ -159,6 +160,9 @@ _WAKE_KEY_TTL_MS = 60_000  # private wake lists vanish if their waiter is gone
 _UNBLOCK_GRACE = 0.25  # seconds to wait for the reply after CLIENT UNBLOCK
 _LOCAL_WAIT = 0.010  # waits up to this long sleep locally instead of BLPOP
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait_for_due
+_OUTAGE_PAUSE = 0.5  # seconds wait_for_due pauses when Redis is unreachable
+
+log = logging.getLogger("delayq.redis")
 
 T = TypeVar("T")
 
@@ -601,6 +605,11 @@ class RedisBackend:
         return replace(claim, job=job, lease_until=job.lease_until)
 
     def wait_for_due(self, max_wait: float) -> None:
+        """Block until a job may be due (see the module docstring for how).
+
+        Never raises for an unreachable Redis: it pauses up to half a second and
+        returns, so the caller's next ``claim`` reports the outage.
+        """
         max_wait = check_max_wait(max_wait)
         self._check_open()
         if self._clock is not None:
@@ -623,6 +632,11 @@ class RedisBackend:
                 event.wait(timeout)
             else:
                 self._block(key, timeout)
+        except BackendUnavailable as exc:
+            # Waiting is not an operation the caller can fail on: pause briefly
+            # and let its next claim report the outage (and back off).
+            log.debug("wait_for_due: %s; pausing", exc)
+            event.wait(min(max_wait, _OUTAGE_PAUSE))
         finally:
             with self._lock:
                 del self._waiters[key]
