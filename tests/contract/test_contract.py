@@ -15,7 +15,6 @@ from delayq.backends.base import Backend
 from delayq.errors import InvalidOption, JobConflict, StaleClaim
 from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
 
 needs_clock = pytest.mark.backend_features("clock")
@@ -654,13 +653,7 @@ def test_wait_for_due_returns_when_a_job_becomes_earlier(
     backend: Backend,
     clock: FakeClock,
     change: str,
-    factory: BackendFactory,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if factory.name == "redis" and change == "reschedule":
-        # reschedule.lua wakes only when the head *member* changes, so moving the
-        # head job itself earlier leaves waiters asleep until its old due time.
-        request.applymarker(pytest.mark.xfail(reason="redis: head moved earlier", strict=False))
     t0 = clock.time()
     backend.enqueue([spec("moved", t0), spec("far", t0 + 3600)])
     if change == "reschedule":

@@ -12,6 +12,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from collections import Counter
@@ -375,8 +376,10 @@ def test_without_wake_sockets_a_waiter_notices_other_commits_by_data_version(
 # -- the wake channel ------------------------------------------------------------------
 
 
-def test_the_wake_directory_sits_next_to_the_database(db: str) -> None:
-    assert wake_directory(db) == Path(os.path.realpath(db) + ".wake")
+def test_the_wake_directory_sits_next_to_the_database() -> None:
+    with tempfile.TemporaryDirectory(prefix="dq-") as short:
+        db = os.path.join(short, "jobs.db")
+        assert wake_directory(db) == Path(os.path.realpath(db) + ".wake")
 
 
 def test_a_long_database_path_gets_a_short_wake_directory(tmp_path: Path) -> None:
@@ -415,6 +418,7 @@ def test_a_listening_channel_receives_a_notify_and_removes_its_socket_on_close(d
         sender.close()
         listener.close()
     assert not os.path.exists(path)
+    assert not wake_directory(db).exists()  # the last listener out removes it
 
 
 # -- several processes ---------------------------------------------------------------

@@ -15,6 +15,8 @@ so delayq builds one next to the database with unix datagram sockets:
   receive buffer (``EAGAIN``) is ignored: the receiver already has a wake-up
   pending.
 
+The directory is removed again by the last listener to close.
+
 Sending is a directory scan plus one non-blocking ``sendto`` per waiting
 process, done after the commit and only when the head moved earlier, so a
 steady stream of later jobs costs nothing. Unix socket paths are limited to
@@ -95,20 +97,25 @@ class WakeChannel:
                 return True
             if self._failed or self._closed:
                 return False
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                path = str(self.directory / f"{os.getpid()}-{next(_counter)}{_SUFFIX}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)  # left by a dead process that had our pid
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            path = str(self.directory / f"{os.getpid()}-{next(_counter)}{_SUFFIX}")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            for attempt in range(3):
                 try:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)  # left by a dead process that had our pid
                     sock.bind(path)
+                    break
+                except FileNotFoundError:
+                    # Another process removed the (then empty) directory as it closed.
+                    if attempt == 2:
+                        sock.close()
+                        self._failed = True
+                        return False
                 except OSError:
                     sock.close()
-                    raise
-            except OSError:
-                self._failed = True
-                return False
+                    self._failed = True
+                    return False
             self._listener, self._path = sock, path
             self._thread = threading.Thread(
                 target=self._listen_loop, args=(sock,), name="delayq-sqlite-wake", daemon=True
@@ -175,5 +182,7 @@ class WakeChannel:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             listener.close()
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # only succeeds when no other process listens
         if sender is not None:
             sender.close()
