@@ -781,6 +781,11 @@ def test_a_reopened_store_keeps_its_jobs(
     assert job is not None and job.state is JobState.SCHEDULED
 
 
+def test_the_store_implements_the_backend_protocol(backend: Backend) -> None:
+    assert isinstance(backend, Backend)
+    assert isinstance(backend.url, str) and "://" in backend.url
+
+
 def test_close_is_idempotent(backend: Backend) -> None:
     backend.close()
     backend.close()
