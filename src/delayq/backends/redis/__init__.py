@@ -304,7 +304,8 @@ class RedisBackend:
     changes are not (a lost reply leaves their outcome unknown, and a retried
     enqueue would report a conflict with itself).
 
-    Lock rule: ``_lock`` guards ``_waiters``, ``_closed`` and ``_subscriber``.
+    Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``_closed`` and
+    ``_subscriber``.
     Everything else is set in ``__init__`` and not reassigned (redis-py clients
     and their pools are thread-safe). No user code runs under it.
     """
@@ -362,6 +363,7 @@ class RedisBackend:
         }
         self._lock = threading.Lock()
         self._waiters: dict[str, threading.Event] = {}  # private wake list -> local event
+        self._in_redis: set[str] = set()  # private wake lists of waiters blocked in BLPOP
         self._hint = threading.local()  # per thread: (monotonic, seconds to next) of last claim
         self._closed = False
         self._subscriber: _ExpirySubscriber | None = None
@@ -472,7 +474,7 @@ class RedisBackend:
     def _wake_local(self) -> None:
         self._local.notify()
         with self._lock:
-            keys = list(self._waiters)
+            keys = list(self._in_redis)
             for event in self._waiters.values():
                 event.set()
         if not keys:
@@ -630,7 +632,10 @@ class RedisBackend:
                 # Too short for a BLPOP round trip to pay off: an earlier job
                 # arriving meanwhile waits at most this long.
                 event.wait(timeout)
-            else:
+                return
+            with self._lock:
+                self._in_redis.add(key)  # from now on, interrupt() pushes to its list
+            if not event.is_set():
                 self._block(key, timeout)
         except BackendUnavailable as exc:
             # Waiting is not an operation the caller can fail on: pause briefly
@@ -640,6 +645,7 @@ class RedisBackend:
         finally:
             with self._lock:
                 del self._waiters[key]
+                self._in_redis.discard(key)
 
     def _until_next(self) -> float | None:
         """Seconds until the next due job or lease expiry (server clock); None: nothing.
