@@ -508,6 +508,7 @@ class Worker:
                     )
                     with self._cond:
                         rec.lost = True
+                        rec.renew_at = math.inf  # nothing left to renew
                     continue
                 except Exception:
                     log.exception("renewing the lease of job %s failed; retrying", claim.job.id)

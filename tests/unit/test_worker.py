@@ -314,6 +314,35 @@ def test_a_stale_claim_on_ack_is_logged_and_the_worker_goes_on(
         h.stop()
 
 
+class _StaleExtend(MemoryBackend):
+    """A store that refuses every lease renewal as stale."""
+
+    def extend(self, claim: Claim, lease: float) -> Claim:
+        raise StaleClaim(f"token {claim.token} of job {claim.job.id} is stale")
+
+
+def test_a_lost_lease_is_logged_and_the_worker_sleeps_instead_of_spinning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(_StaleExtend, lease=3.0)
+    release = threading.Event()
+    started = threading.Event()
+    h.app.register("long", lambda p: (started.set(), release.wait(TIMEOUT)))
+    h.app.schedule("long", delay=0)
+    try:
+        h.start()
+        assert started.wait(TIMEOUT)
+        h.asleep()
+        h.clock.advance(1.5)  # renewal due: refused
+        h.asleep()  # back asleep on the clock, not busy-looping
+        assert "lost the lease of job" in caplog.text
+        release.set()
+        assert h.next_result().outcome == "succeeded"
+    finally:
+        release.set()
+        h.stop()
+
+
 def test_an_on_result_callback_error_does_not_stop_the_worker() -> None:
     calls: list[JobResult] = []
 
