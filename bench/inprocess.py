@@ -16,9 +16,10 @@ Peers, all measured in the same run on the same inputs:
 
 Columns:
 
-* put+take, 1 thread: N already-due items put, then N taken, items/s (best of 3);
+* put+take, 1 thread: N already-due items put, then N taken, items/s (median of
+  5 rounds, the peers interleaved in each round);
 * put+take, 4P+4C: 4 producer threads put N/4 each while 4 consumers take,
-  items/s (best of 3); tasks instead of threads for ``AsyncDelayQueue``;
+  items/s (median, as above); tasks instead of threads for ``AsyncDelayQueue``;
 * lateness p50/p99/max: 100,000 items due uniformly over 5 s (starting 1 s
   after the first put), 4 consumers; lateness = time the consumer got the item
   minus its deadline, in milliseconds.
@@ -38,6 +39,7 @@ import platform
 import queue
 import random
 import sched
+import statistics
 import sys
 import threading
 import time
@@ -63,7 +65,7 @@ class Config:
     repeats: int
 
 
-FULL = Config(200_000, 100_000, 5.0, 1.0, 3)
+FULL = Config(200_000, 100_000, 5.0, 1.0, 5)
 QUICK = Config(20_000, 10_000, 1.0, 0.5, 1)
 
 
@@ -378,14 +380,6 @@ def future_items(cfg: Config, seed: int) -> Items:
     ]
 
 
-def best(measure: Callable[[], float], repeats: int) -> float:
-    results = []
-    for _ in range(repeats):
-        gc.collect()
-        results.append(measure())
-    return max(results)
-
-
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
 
@@ -407,40 +401,66 @@ def machine() -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Peer:
+    name: str
+    tp1: Callable[[Items], float]
+    tp44: Callable[[Items], float] | None
+    lateness: Callable[[Items], list[float]]
+
+
+def _thread_peer(name: str, make: Callable[[], ThreadQueue]) -> Peer:
+    return Peer(
+        name,
+        lambda items: thread_throughput_1(make, items),
+        lambda items: thread_throughput_4x4(make, items),
+        lambda items: thread_lateness(make, items),
+    )
+
+
+PEERS = [
+    _thread_peer("DelayQueue", DelayQueueAdapter),
+    Peer(
+        "AsyncDelayQueue",
+        async_queue_throughput_1,
+        async_queue_throughput_4x4,
+        async_queue_lateness,
+    ),
+    _thread_peer("heapq + Condition (floor)", BareHeap),
+    _thread_peer("queue.PriorityQueue + sleep", SleepingPriorityQueue),
+    Peer("sched.scheduler", sched_throughput_1, None, sched_lateness),
+    Peer("asyncio loop.call_at", call_at_throughput_1, None, call_at_lateness),
+]
+
+
 def run(cfg: Config, out: Callable[[str], object] = print) -> list[Row]:
+    """Measure every peer; throughput rounds are interleaved across peers, so
+    a burst of load from elsewhere on the machine hits all of them alike, and
+    the median round is reported."""
     tp_items = due_items(cfg.throughput_items, 1)
-    rows = [
-        Row("DelayQueue"),
-        Row("AsyncDelayQueue"),
-        Row("heapq + Condition (floor)"),
-        Row("queue.PriorityQueue + sleep"),
-        Row("sched.scheduler"),
-        Row("asyncio loop.call_at"),
-    ]
-    thread_peers: dict[str, Callable[[], ThreadQueue]] = {
-        "DelayQueue": DelayQueueAdapter,
-        "heapq + Condition (floor)": BareHeap,
-        "queue.PriorityQueue + sleep": SleepingPriorityQueue,
-    }
-    for row in rows:
-        out(f"  measuring {row.name} ...")
-        if row.name in thread_peers:
-            make = thread_peers[row.name]
-            row.tp1 = best(lambda m=make: thread_throughput_1(m, tp_items), cfg.repeats)
-            row.tp44 = best(lambda m=make: thread_throughput_4x4(m, tp_items), cfg.repeats)
-            late = thread_lateness(make, future_items(cfg, 2))
-        elif row.name == "AsyncDelayQueue":
-            row.tp1 = best(lambda: async_queue_throughput_1(tp_items), cfg.repeats)
-            row.tp44 = best(lambda: async_queue_throughput_4x4(tp_items), cfg.repeats)
-            late = async_queue_lateness(future_items(cfg, 2))
-        elif row.name == "sched.scheduler":
-            row.tp1 = best(lambda: sched_throughput_1(tp_items), cfg.repeats)
-            late = sched_lateness(future_items(cfg, 2))
-        else:
-            row.tp1 = best(lambda: call_at_throughput_1(tp_items), cfg.repeats)
-            late = call_at_lateness(future_items(cfg, 2))
-        row.late = sorted(late)
+    tp1: dict[str, list[float]] = {p.name: [] for p in PEERS}
+    tp44: dict[str, list[float]] = {p.name: [] for p in PEERS}
+    for round_no in range(cfg.repeats):
+        out(f"  throughput round {round_no + 1}/{cfg.repeats} ...")
+        for peer in PEERS:
+            gc.collect()
+            tp1[peer.name].append(peer.tp1(tp_items))
+            if peer.tp44 is not None:
+                gc.collect()
+                tp44[peer.name].append(peer.tp44(tp_items))
+    rows = []
+    for peer in PEERS:
+        out(f"  lateness of {peer.name} ...")
         gc.collect()
+        late = sorted(peer.lateness(future_items(cfg, 2)))
+        rows.append(
+            Row(
+                peer.name,
+                statistics.median(tp1[peer.name]),
+                statistics.median(tp44[peer.name]) if tp44[peer.name] else None,
+                late,
+            )
+        )
     return rows
 
 
@@ -451,7 +471,8 @@ def render(rows: list[Row], cfg: Config) -> str:
     floor = next(r for r in rows if r.name.endswith("(floor)"))
     lines = [
         f"Machine: {machine()}",
-        f"put+take: {cfg.throughput_items:,} items, best of {cfg.repeats}; lateness: "
+        f"put+take: {cfg.throughput_items:,} items, median of {cfg.repeats} interleaved rounds; "
+        f"lateness: "
         f"{cfg.lateness_items:,} items due uniformly over {cfg.lateness_span:g} s, "
         f"{CONSUMERS} consumers",
         "",

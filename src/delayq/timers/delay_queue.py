@@ -86,14 +86,19 @@ def _check_deadline(deadline: float, name: str = "deadline") -> float:
 
 def _index_of(heap: list[_Entry[T]], item: T) -> int:
     """Index of the earliest entry holding ``item`` (identity first, then ``==``), or -1."""
-    best = -1
-    for i, entry in enumerate(heap):
-        if entry[2] is item and (best < 0 or entry < heap[best]):
-            best = i
+    best = _index_of_identical(heap, item)
     if best < 0:
         for i, entry in enumerate(heap):
             if entry[2] == item and (best < 0 or entry < heap[best]):
                 best = i
+    return best
+
+
+def _index_of_identical(heap: list[_Entry[T]], item: T) -> int:
+    best = -1
+    for i, entry in enumerate(heap):
+        if entry[2] is item and (best < 0 or entry < heap[best]):
+            best = i
     return best
 
 
@@ -129,8 +134,9 @@ class DelayQueue(Generic[T]):
     inside a wait, so a notify nobody would receive is skipped) and ``_closed``.
     ``_available`` is the one condition on ``_lock``: consumers wait on it, and
     it is notified when a new head arrives, when a leader leaves, and on close.
-    No user code (``key`` is the exception: it runs before the lock is taken;
-    a ``drain_to`` sink runs after it is released) runs under the lock.
+    No user code runs under the lock: ``key`` runs before it is taken, a
+    ``drain_to`` sink after it is released, and :meth:`remove` compares items
+    with ``==`` on a snapshot.
     """
 
     __slots__ = (
@@ -359,14 +365,25 @@ class DelayQueue(Generic[T]):
         Matches by identity first, then by ``==``. O(n), like Java's
         ``DelayQueue.remove``: use a timing wheel when cancellations are frequent.
         """
+        heap = self._heap
         with self._lock:
-            index = _index_of(self._heap, item)
-            if index < 0:
-                return False
-            # A removed head leaves the leader waiting for a later deadline: it
-            # wakes early and re-waits, which is harmless.
-            _remove_at(self._heap, index)
-            return True
+            index = _index_of_identical(heap, item)
+            if index >= 0:
+                # A removed head leaves the leader waiting for a later deadline:
+                # it wakes early and re-waits, which is harmless.
+                _remove_at(heap, index)
+                return True
+            snapshot = list(heap)
+        # Compare with == outside the lock: a user's __eq__ never runs under it.
+        # Entries are unique tuples, so sorting them never compares items.
+        candidates = sorted(e for e in snapshot if e[2] == item)
+        with self._lock:
+            for entry in candidates:
+                index = next((i for i, e in enumerate(heap) if e is entry), -1)
+                if index >= 0:
+                    _remove_at(heap, index)
+                    return True
+        return False
 
     def clear(self) -> None:
         """Remove every item, due or not."""
