@@ -425,3 +425,21 @@ def test_put_after_close_raises_and_stores_nothing(queue) -> None:
     with pytest.raises(QueueClosed):
         queue.offer(DelayedItem("y", START))
     assert len(queue) == 0
+
+
+def test_remove_runs_a_users_equality_outside_the_lock(clock) -> None:
+    q: DelayQueue[Task] = DelayQueue(clock=clock)
+
+    @dataclass(frozen=True, eq=False)
+    class Nosy(Task):
+        def __eq__(self, other: object) -> bool:
+            q.peek()  # would deadlock if called under the queue's lock
+            return isinstance(other, Task) and other.name == self.name
+
+        __hash__ = Task.__hash__
+
+    q.put(Nosy("a", START + 1))
+    q.put(Nosy("b", START + 2))
+    finder = Consumer(lambda: q.remove(Task("b", 0.0)))
+    assert finder.join() is True
+    assert [t.name for t in q.to_list()] == ["a"]
