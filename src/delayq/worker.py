@@ -5,7 +5,9 @@ threads (sync handlers run there; async handlers run on one event-loop thread
 and only their bookkeeping uses a pool thread). It never polls: between claims
 it blocks in ``backend.wait_for_due``, which returns at the next due time or
 as soon as an earlier job arrives, and it claims only as many jobs as it has
-free slots (so no claimed job waits behind a busy handler).
+free slots (so no claimed job waits behind a busy handler). When more jobs are
+due than there are slots, a freed slot waits up to ``COALESCE`` (2 ms) for a few
+more to free, so one claim transaction serves several jobs.
 
 What happens to a claimed job:
 
@@ -69,6 +71,12 @@ MAX_ERROR_CHARS = 16_000
 """Longest error text (message + traceback) stored with a job; the middle is cut."""
 
 _SLOW_NOTE_AFTER = Misfire.SKIP_GRACE
+
+COALESCE = 0.002
+"""While more jobs are due than there are slots, the dispatcher waits up to this
+long (seconds) for half of ``min(batch, concurrency)`` slots to free before
+claiming, so one claim transaction serves several jobs. Only under backlog: a
+job is then late anyway, by queueing; an idle worker claims at once."""
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -420,6 +428,8 @@ class Worker:
 
     def _dispatch(self) -> None:
         error_pause = 0.0
+        backlog = False  # the last claim was full: more jobs are due than slots
+        gather = max(1, min(self.batch, self.concurrency) // 2)
         while True:
             with self._cond:
                 if self._stopping:
@@ -429,6 +439,10 @@ class Worker:
             if free <= 0:
                 self._wait_for_slot()
                 continue
+            if backlog and free < gather:
+                # Saturated: let a few more slots free up (at most COALESCE seconds)
+                # so one claim transaction serves several jobs instead of one.
+                free = self._gather_slots(gather)
             limit = min(free, self.batch)
             try:
                 claims = self._backend.claim(limit=limit, lease=self.lease)
@@ -445,7 +459,8 @@ class Worker:
                 continue
             error_pause = 0.0
             self._start_all(claims)
-            if len(claims) < limit:
+            backlog = len(claims) == limit
+            if not backlog:
                 self._backend.wait_for_due(self._wait_budget(self.idle_wait))
 
     def _start_all(self, claims: Sequence[Claim]) -> None:
@@ -477,6 +492,17 @@ class Worker:
         with self._cond:
             if not self._stopping and len(self._inflight) >= self.concurrency and budget > 0:
                 self.clock.wait(self._cond, budget)
+
+    def _gather_slots(self, want: int) -> int:
+        """Wait up to COALESCE seconds for ``want`` free slots; return the free count."""
+        with self._cond:
+            deadline = self.clock.monotonic() + COALESCE
+            while True:
+                free = self.concurrency - len(self._inflight)
+                left = deadline - self.clock.monotonic()
+                if free >= want or left <= 0 or self._stopping:
+                    return free
+                self.clock.wait(self._cond, left)
 
     def _pause(self, seconds: float) -> None:
         with self._cond:

@@ -270,6 +270,43 @@ def test_only_as_many_jobs_are_claimed_as_there_are_free_slots() -> None:
         h.stop()
 
 
+class _RecordingClaims(MemoryBackend):
+    """Records the ``limit`` of every claim that returned jobs."""
+
+    limits: list[int]
+
+    def claim(self, **kwargs: Any) -> list[Claim]:
+        claims = super().claim(**kwargs)
+        if claims:
+            self.limits = [*getattr(self, "limits", []), kwargs["limit"]]
+        return claims
+
+
+def test_under_backlog_a_freed_slot_waits_briefly_for_company_before_claiming() -> None:
+    h = Harness(_RecordingClaims, concurrency=4, batch=4)
+    backend = h.backend
+    assert isinstance(backend, _RecordingClaims)
+    gates = {i: threading.Event() for i in range(10)}
+    started: list[int] = []
+    h.app.register("gated", lambda i: (started.append(i), gates[i].wait(TIMEOUT)))
+    for i in range(10):
+        h.app.schedule("gated", i, delay=0)
+    try:
+        h.start()
+        assert wait_until(lambda: len(started) == 4, TIMEOUT)
+        gates[started[0]].set()
+        gather_deadline = h.clock.monotonic() + 0.002
+        assert wait_until(lambda: h.clock.next_deadline() == gather_deadline, TIMEOUT)
+        assert backend.limits == [4]  # one slot free: not claimed alone
+        gates[started[1]].set()
+        assert wait_until(lambda: len(started) == 6, TIMEOUT)
+        assert backend.limits == [4, 2]  # two slots, one claim
+    finally:
+        for gate in gates.values():
+            gate.set()
+        h.stop()
+
+
 def test_a_long_handler_keeps_its_lease_by_renewing_it(h: Harness) -> None:
     release = threading.Event()
     started = threading.Event()
