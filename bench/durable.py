@@ -407,11 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _log(
         f"bench.durable ({'quick' if args.quick else 'full'}): Python {platform.python_version()}, "
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f} at start"
     )
     with tempfile.TemporaryDirectory(prefix="bench-durable-") as tmp:
         columns = run(plan, stores, Path(tmp))
-    print(f"\n## durable jobs ({'quick' if args.quick else 'full'} run)\n")
+    load = os.getloadavg()[0]
+    print(f"\n## durable jobs ({'quick' if args.quick else 'full'} run, load average {load:.2f})\n")
     print(render(columns, plan))
     return 0
 
