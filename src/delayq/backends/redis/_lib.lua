@@ -58,7 +58,6 @@ local function schedule(key, id, run_at, fresh)
   local member = string.format('%016d', tonumber(seq)) .. id
   local score = run_at * 1000
   redis.call('ZADD', K_DUE, score, member)
-  redis.call('HSET', key, 'member', member)
   if SHADOW_PREFIX ~= '' then
     local ms = math.max(1, math.ceil(score - NOW_MS))
     redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', ms)
@@ -66,12 +65,11 @@ local function schedule(key, id, run_at, fresh)
   return member
 end
 
--- Take a scheduled job out of the due set.
+-- Take a scheduled job out of the due set (its member is its sequence number and id).
 local function unschedule(key, id)
-  local member = redis.call('HGET', key, 'member')
-  if member then
-    redis.call('ZREM', K_DUE, member)
-    redis.call('HDEL', key, 'member')
+  local seq = redis.call('HGET', key, 'seq')
+  if seq then
+    redis.call('ZREM', K_DUE, string.format('%016d', tonumber(seq)) .. id)
   end
   if SHADOW_PREFIX ~= '' then
     redis.call('DEL', SHADOW_PREFIX .. id)

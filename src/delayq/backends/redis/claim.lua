@@ -63,7 +63,6 @@ for _, member in ipairs(members) do
     redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
       'updated_at', now)
-    redis.call('HDEL', key, 'member')
     redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
     result[#result + 1] = id
     result[#result + 1] = redis.call('HGETALL', key)

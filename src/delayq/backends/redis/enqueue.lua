@@ -74,7 +74,7 @@ for i = 0, n - 1 do
       'name', ARGV[base + 1], 'payload', ARGV[base + 2], 'run_at', run_at,
       'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[base + 4],
       'backoff', ARGV[base + 5], 'misfire', ARGV[base + 6], 'created_at', created_at,
-      'updated_at', now, 'seq', seq, 'member', member)
+      'updated_at', now, 'seq', seq)
     local score = tonumber(run_at) * 1000
     zadd[#zadd + 1] = score
     zadd[#zadd + 1] = member
