@@ -188,12 +188,13 @@ class WheelCore(Protocol):
 
     The driver protocol: before sleeping, the driver sets ``_sleep_tick`` to
     the tick it sleeps until (``_next_tick()``, or inf); ``_add`` notifies
-    ``_lock`` and resets it to -inf when a new handle's bucket expires
+    ``_cond`` and resets it to -inf when a new handle's bucket expires
     earlier. While the driver is awake ``_sleep_tick`` is -inf, so schedules
     do not notify at all.
     """
 
-    _lock: threading.Condition | None
+    _lock: threading.Lock | None
+    _cond: threading.Condition | None
     _sleep_tick: float
     _ticks: _Ticks
 
@@ -215,9 +216,10 @@ class WheelCore(Protocol):
 class WheelTimer(TimerBase):
     """A driver thread around a pure wheel core.
 
-    Lock rule: ``_cond`` (its lock) guards the core (including its
-    ``_sleep_tick``), ``_closed`` and ``_in_flight``. The core's handles
-    cancel through the same lock (the core is given it as ``_lock``). The
+    Lock rule: ``_lock`` guards the core (including its ``_sleep_tick``),
+    ``_closed`` and ``_in_flight``; ``_cond`` is the condition on it that the
+    driver sleeps on. The core's handles cancel through the same lock (the
+    core is given it as ``_lock``, and ``_cond`` to wake the driver). The
     driver holds the lock only while it calls the core, never while it hands
     callbacks to the executor.
     """
@@ -232,9 +234,13 @@ class WheelTimer(TimerBase):
         name: str,
     ) -> None:
         super().__init__(clock=clock, executor=executor, on_error=on_error, name=name)
-        self._cond = threading.Condition(threading.Lock())
+        # ``with self._lock`` (a C lock) is cheaper than ``with self._cond``.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._core = core
-        core._lock = self._cond
+        core._lock = self._lock
+        core._cond = self._cond
+        self._add = core._add
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -244,10 +250,10 @@ class WheelTimer(TimerBase):
             deadline = check_seconds(deadline, "deadline")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise QueueClosed("cannot schedule on a stopped timer")
-            return self._core._add(deadline, fn, args)
+            return self._add(deadline, fn, args)
 
     def pending(self) -> int:
         """How many callbacks wait for their deadline."""

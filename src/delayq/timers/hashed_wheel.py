@@ -75,10 +75,12 @@ class HashedWheel:
     than a turn, each slot once with the number of passes precomputed).
 
     Not thread-safe by itself: :class:`HashedWheelTimer` calls it under its
-    lock and sets ``_lock`` so ``handle.cancel()`` takes that lock too.
+    lock and sets ``_lock`` so ``handle.cancel()`` takes that lock too (and
+    ``_cond``, to wake its driver when a schedule needs an earlier wake-up).
     """
 
     __slots__ = (
+        "_cond",
         "_count",
         "_current",
         "_lock",
@@ -103,7 +105,8 @@ class HashedWheel:
         self._current = 0
         self._count = 0
         self._max_pending = check_max_pending(max_pending)
-        self._lock: threading.Condition | None = None
+        self._lock: threading.Lock | None = None  # the driver's lock, for cancel()
+        self._cond: threading.Condition | None = None  # the driver's condition, to wake it
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
 
@@ -172,9 +175,9 @@ class HashedWheel:
         last._next = handle
         slot._prev = handle
         self._count += 1
-        if wake < self._sleep_tick and self._lock is not None:
+        if wake < self._sleep_tick and self._cond is not None:
             self._sleep_tick = -_INF
-            self._lock.notify()
+            self._cond.notify()
         return handle
 
     def rounds_of(self, handle: TimerHandle) -> int:

@@ -89,10 +89,12 @@ class HierarchicalWheel:
     re-inserted at most once per level.
 
     Not thread-safe by itself: :class:`TimingWheel` calls it under its lock
-    and sets ``_lock`` so ``handle.cancel()`` takes that lock too.
+    and sets ``_lock`` so ``handle.cancel()`` takes that lock too (and
+    ``_cond``, to wake its driver when a schedule needs an earlier wake-up).
     """
 
     __slots__ = (
+        "_cond",
         "_count",
         "_current",
         "_heap",
@@ -129,7 +131,8 @@ class HierarchicalWheel:
         self._count = 0
         self._seq = 0
         self._max_pending = check_max_pending(max_pending)
-        self._lock: threading.Condition | None = None
+        self._lock: threading.Lock | None = None  # the driver's lock, for cancel()
+        self._cond: threading.Condition | None = None  # the driver's condition, to wake it
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
 
@@ -203,9 +206,9 @@ class HierarchicalWheel:
             due -= 1
         wake = self._place(handle, due)
         self._count += 1
-        if wake < self._sleep_tick and self._lock is not None:
+        if wake < self._sleep_tick and self._cond is not None:
             self._sleep_tick = -_INF
-            self._lock.notify()
+            self._cond.notify()
         return handle
 
     def _place(self, handle: TimerHandle, due: int) -> int:
@@ -414,7 +417,7 @@ class TimingWheel(WheelTimer):
     @property
     def levels(self) -> int:
         """How many levels exist so far."""
-        with self._cond:
+        with self._lock:
             return self._core.levels
 
     def __repr__(self) -> str:
