@@ -112,7 +112,12 @@ class DelayQueueTimer(TimerBase):
             return True
 
     def _compact(self) -> None:
-        """Rebuild the queue from the live handles (lock held)."""
+        """Rebuild the queue from the live handles (lock held).
+
+        A handle the driver has just taken but not yet marked is put back too;
+        the driver marks it expired, and when its copy comes out later it is
+        skipped like any handle that is no longer live (it never runs twice).
+        """
         queue = self._queue
         queue.clear()
         node: Any = self._live._next
