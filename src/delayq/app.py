@@ -172,9 +172,13 @@ def _takes_context(name: str, fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or var_positional
 
 
-def _new_id() -> str:
-    """A random job id: 128 bits as 32 hex digits (like ``uuid4().hex``, cheaper)."""
-    return os.urandom(16).hex()
+def _new_id(now: float) -> str:
+    """A new job id: 32 hex digits, the creation time in microseconds then 72 random bits.
+
+    Like a ULID, ids sort by creation time, so a store's id index grows at its
+    end instead of splitting random pages (much faster inserts into big tables).
+    """
+    return f"{int(now * 1_000_000) & (1 << 56) - 1:014x}{os.urandom(9).hex()}"
 
 
 class DelayQ:
@@ -527,7 +531,7 @@ class DelayQ:
         now: float,
     ) -> JobSpec:
         return JobSpec(
-            id=_new_id() if job_id is None else check_job_id(job_id),
+            id=_new_id(now) if job_id is None else check_job_id(job_id),
             name=_check_name(name),
             payload=encode_payload(payload, max_bytes=self.max_payload_bytes),
             run_at=self._run_at(delay, at, now),

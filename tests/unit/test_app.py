@@ -75,8 +75,16 @@ def test_scheduling_a_name_without_a_registered_handler_is_allowed(app: DelayQ) 
 
 
 def test_generated_job_ids_are_unique(app: DelayQ) -> None:
-    ids = {app.schedule("x", delay=1) for _ in range(50)}
+    ids = {app.schedule("x", delay=1) for _ in range(50)}  # the fake clock stands still
     assert len(ids) == 50
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_generated_job_ids_sort_by_creation_time(app: DelayQ, clock: FakeClock) -> None:
+    first = app.schedule("x", delay=1)
+    clock.advance(0.001)
+    second = app.schedule("x", delay=1)
+    assert first < second
 
 
 def test_an_existing_job_id_is_rejected_by_default(app: DelayQ) -> None:
