@@ -334,3 +334,17 @@ def test_stop_from_inside_a_callback_does_not_deadlock(kind: str) -> None:
     assert wait_until(lambda: len(dropped) == 1, timeout=10)
     assert len(dropped[0]) == 1
     assert timer.closed
+
+
+def test_the_delay_queue_timer_drops_cancelled_entries_once_they_outnumber_live_ones() -> None:
+    h = Harness("delay_queue")
+    try:
+        handles = [h.timer.schedule_after(1 + i / 1000, h.record(f"t{i}")) for i in range(3000)]
+        for handle in handles[500:]:
+            assert handle.cancel()
+        assert h.timer.pending() == 500
+        assert len(h.timer._queue) < 3000  # rebuilt from the live handles
+        h.advance_to(START + 5)
+        assert h.names() == [f"t{i}" for i in range(500)]
+    finally:
+        h.close()
