@@ -30,6 +30,14 @@ def test_plan_spreads_due_times_uniformly_over_the_span_after_the_lead() -> None
     assert jobs == [(0, 110.0), (1, 110.5), (2, 111.0), (3, 111.5)]
 
 
+def test_lead_grows_for_a_system_whose_probes_enqueued_slowly() -> None:
+    plan = Plan(n_jobs=20_000, span_s=10.0, lead_s=12.0, drain_s=60.0)
+
+    assert plan.probes == 200
+    assert plan.lead_for(probe_enqueue_s=0.04) == 12.0  # 5,000 jobs/s: 4 s, default lead
+    assert plan.lead_for(probe_enqueue_s=0.25) == 51.0  # 800 jobs/s: 25 s, twice plus 1
+
+
 def test_full_and_quick_plans_match_the_documented_sizes() -> None:
     assert (redis_peers.FULL.n_jobs, redis_peers.FULL.span_s) == (20_000, 10.0)
     assert (redis_peers.QUICK.n_jobs, redis_peers.QUICK.span_s) == (2_000, 3.0)
