@@ -3,8 +3,9 @@
 The model is the contract in a few dozen lines: a dict of jobs with a state,
 a due time, attempts and the current fencing token. Hypothesis drives enqueue
 (with every ``on_conflict``), cancel, reschedule, claim, ack, retry, bury,
-requeue and the passage of time, and after every step the backend must agree
-with the model on every outcome and every job's state.
+batches of those three through ``complete``, requeue and the passage of time,
+and after every step the backend must agree with the model on every outcome and
+every job's state.
 
 Ties in ``run_at`` may be broken differently after a retry or a lease expiry,
 so a claim is accepted when it is *a* valid choice: only due jobs, in
@@ -31,7 +32,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from delayq.backends.base import Backend
+from delayq.backends.base import Backend, Completion
 from delayq.errors import JobConflict, StaleClaim
 from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
@@ -223,6 +224,44 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
         )
         def finish(self, index: int, action: str) -> None:
             self._finish(index, action)
+
+        @precondition(lambda self: bool(self.claims))
+        @rule(
+            entries=st.lists(
+                st.tuples(
+                    st.integers(min_value=0, max_value=50),
+                    st.sampled_from(["ack", "retry", "bury"]),
+                ),
+                min_size=1,
+                max_size=4,
+            )
+        )
+        def finish_batch(self, entries: list[tuple[int, str]]) -> None:
+            batch: list[Completion] = []
+            expected: list[bool] = []  # applied (True) or stale (False), in order
+            for index, action in entries:
+                claim = self.claims[index % len(self.claims)]
+                if action == "ack":
+                    batch.append(Completion.ack(claim))
+                elif action == "retry":
+                    batch.append(Completion.retry(claim, self.now + 2, "retry me"))
+                else:
+                    batch.append(Completion.bury(claim, "dead"))
+                # Entries apply in order: a claim finished earlier in the batch is stale.
+                current = self.model.is_current(claim)
+                expected.append(current)
+                job = self.model.jobs.get(claim.job.id)
+                if current and job is not None:
+                    job.token = job.lease_until = None
+                    if action == "ack":
+                        job.state = JobState.SUCCEEDED
+                    elif action == "retry":
+                        job.state, job.run_at = JobState.SCHEDULED, self.now + 2
+                    else:
+                        job.state = JobState.DEAD
+            results = self.backend.complete(batch)
+            assert [r is None for r in results] == expected, (entries, results)
+            assert all(r is None or isinstance(r, StaleClaim) for r in results)
 
         @rule(job_id=st.sampled_from(IDS), offset=st.integers(min_value=0, max_value=10))
         def requeue(self, job_id: str, offset: int) -> None:

@@ -12,6 +12,12 @@ Rules every implementation keeps:
   and a fresh fencing token; a job is never held by two live leases.
 * **Fencing.** ``ack`` / ``retry`` / ``bury`` / ``extend`` raise
   :class:`~delayq.errors.StaleClaim` when the token is no longer current.
+* **Group commit.** ``complete`` finishes a batch of claims (each an ack, a
+  retry or a bury: a :class:`Completion`) in ONE transaction (one fsync on
+  SQLite, one script call on Redis). The batch is applied in order, as if each
+  entry were the single call, except that a stale token does not raise: it is
+  reported in that entry's slot of the result and the entry is skipped, while
+  the others still apply. Nothing is applied when the store fails.
 * **Expired leases come back.** A RUNNING job whose lease passed is returned to
   the due set by the next ``claim`` (so a crashed worker's job runs again), or,
   when it has used all ``max_attempts``, buried with an error saying so.
@@ -31,9 +37,13 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from delayq.errors import InvalidDelay, InvalidOption, StaleClaim
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -46,7 +56,86 @@ from delayq.job import (
     Stats,
 )
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "Completion"]
+
+_COMPLETION_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.SKIPPED, JobState.SCHEDULED, JobState.DEAD}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How to finish one claim in a :meth:`Backend.complete` batch.
+
+    ``state`` says which of the single calls it stands for: SUCCEEDED or
+    SKIPPED is ``ack(claim, state=state, outcome=outcome)``, SCHEDULED is
+    ``retry(claim, run_at, error)``, DEAD is ``bury(claim, error)``. Build one
+    with :meth:`ack`, :meth:`retry` or :meth:`bury`; the fields are checked at
+    construction, so a bad entry never reaches the store.
+    """
+
+    claim: Claim
+    state: JobState
+    outcome: str | None = None  # ack: the note recorded with the job
+    error: str | None = None  # retry / bury: the error recorded with the job
+    run_at: float | None = None  # retry: the new due time (epoch seconds)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.state, str) and not isinstance(self.state, JobState):
+            with contextlib.suppress(ValueError):  # "succeeded" -> JobState.SUCCEEDED
+                object.__setattr__(self, "state", JobState(self.state))
+        if self.state not in _COMPLETION_STATES:
+            raise InvalidOption(
+                f"a completion's state must be succeeded, skipped (ack), scheduled (retry) or "
+                f"dead (bury); got {self.state!r}"
+            )
+        if self.state is JobState.SCHEDULED:
+            run_at = self.run_at
+            if (
+                isinstance(run_at, bool)
+                or not isinstance(run_at, int | float)
+                or not math.isfinite(run_at)
+            ):
+                raise InvalidDelay(f"run_at must be finite epoch seconds, got {run_at!r}")
+            object.__setattr__(self, "run_at", float(run_at))
+        elif self.run_at is not None:
+            raise InvalidOption("run_at is only for a retry (state=scheduled)")
+        if self.state in (JobState.SCHEDULED, JobState.DEAD):
+            if not isinstance(self.error, str):
+                raise InvalidOption(f"a retry or bury needs an error text, got {self.error!r}")
+        elif self.error is not None:
+            raise InvalidOption("error is only for a retry or a bury; an ack takes outcome=")
+
+    @classmethod
+    def ack(
+        cls, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
+    ) -> Completion:
+        """Finish as SUCCEEDED (or SKIPPED) with an optional note, like ``Backend.ack``."""
+        if state not in (JobState.SUCCEEDED, JobState.SKIPPED):
+            raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
+        return cls(claim, state, outcome=outcome)
+
+    @classmethod
+    def retry(cls, claim: Claim, run_at: float, error: str) -> Completion:
+        """Return to SCHEDULED at ``run_at`` with ``error``, like ``Backend.retry``."""
+        return cls(claim, JobState.SCHEDULED, error=error, run_at=run_at)
+
+    @classmethod
+    def bury(cls, claim: Claim, error: str) -> Completion:
+        """Move to the dead letters with ``error``, like ``Backend.bury``."""
+        return cls(claim, JobState.DEAD, error=error)
+
+    @staticmethod
+    def batch(entries: Sequence[Completion]) -> list[Completion]:
+        """``entries`` as a list, each checked to be a Completion (for implementations)."""
+        items = list(entries)
+        for i, item in enumerate(items):
+            if not isinstance(item, Completion):
+                raise InvalidOption(
+                    f"complete() takes Completion entries (Completion.ack / retry / bury); "
+                    f"entry {i} is a {type(item).__name__}"
+                )
+        return items
 
 
 @runtime_checkable
@@ -99,6 +188,17 @@ class Backend(Protocol):
 
     def bury(self, claim: Claim, error: str) -> None:
         """Move a claimed job to the dead-letter set with ``error``."""
+        ...
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        """Finish every claim of ``batch`` in one transaction (group commit).
+
+        Returns one entry per completion, in order: None when it was applied, or
+        the :class:`~delayq.errors.StaleClaim` its single call would have raised
+        (that entry is skipped; the rest still apply). A store failure raises and
+        applies nothing. Retries wake waiting workers like :meth:`retry`. An
+        empty batch does nothing.
+        """
         ...
 
     def extend(self, claim: Claim, lease: float) -> Claim:

@@ -29,9 +29,10 @@ from delayq.backends._common import (
     lease_expired_note,
     stale_claim,
 )
+from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
-from delayq.errors import ConfigurationError, JobConflict, QueueClosed
+from delayq.errors import ConfigurationError, JobConflict, QueueClosed, StaleClaim
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -358,33 +359,54 @@ class MemoryBackend:
     def ack(
         self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
     ) -> None:
-        state = check_ack_state(state)
-        with self._lock:
-            self._check_open()
-            rec = self._current(claim)
-            rec.outcome = outcome
-            self._finish(rec, state, self._clock.time())
+        self._complete_one(Completion.ack(claim, state=check_ack_state(state), outcome=outcome))
 
     def retry(self, claim: Claim, run_at: float, error: str) -> None:
-        run_at = check_run_at(run_at)
-        with self._lock:
-            self._check_open()
-            rec = self._current(claim)
-            head = self._next_due()
-            rec.state = JobState.SCHEDULED
-            rec.run_at = run_at
-            rec.last_error = error
-            rec.lease_until = None
-            rec.updated_at = self._clock.time()
-            self._schedule(rec)
-            self._wake_if_earlier(run_at, head)
+        self._complete_one(Completion.retry(claim, check_run_at(run_at), error))
 
     def bury(self, claim: Claim, error: str) -> None:
+        self._complete_one(Completion.bury(claim, error))
+
+    def _complete_one(self, completion: Completion) -> None:
+        [stale] = self.complete([completion])
+        if stale is not None:
+            raise stale
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        items = Completion.batch(batch)
+        if not items:
+            return []
         with self._lock:
             self._check_open()
-            rec = self._current(claim)
-            rec.last_error = error
-            self._finish(rec, JobState.DEAD, self._clock.time())
+            now = self._clock.time()
+            head = self._next_due()
+            earliest: float | None = None
+            results: list[StaleClaim | None] = []
+            for item in items:
+                try:
+                    rec = self._current(item.claim)
+                except StaleClaim as exc:
+                    results.append(exc)
+                    continue
+                results.append(None)
+                if item.state is JobState.SCHEDULED:
+                    assert item.run_at is not None
+                    rec.state = JobState.SCHEDULED
+                    rec.run_at = item.run_at
+                    rec.last_error = item.error
+                    rec.lease_until = None
+                    rec.updated_at = now
+                    self._schedule(rec)
+                    earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
+                elif item.state is JobState.DEAD:
+                    rec.last_error = item.error
+                    self._finish(rec, JobState.DEAD, now)
+                else:
+                    rec.outcome = item.outcome
+                    self._finish(rec, item.state, now)
+            if earliest is not None:
+                self._wake_if_earlier(earliest, head)
+            return results
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)

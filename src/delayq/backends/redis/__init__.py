@@ -20,10 +20,11 @@ there)::
     P:{Q}:wake:<uuid>  LIST  a private wake-up list of one waiting thread
     P:{Q}:shadow:<id>  STRING expiring shadow key (only with ``expiry_events``)
 
-Every state change (enqueue, claim, ack, retry, bury, extend, cancel,
-reschedule, requeue_dead, purge_dead) is one Lua script in this folder, run with
-EVALSHA; redis-py's ``Script`` reloads a script the server no longer knows
-(``NOSCRIPT`` after ``SCRIPT FLUSH`` or a restart) by itself.
+Every state change (enqueue, claim, ack, retry, bury, complete (a batch of
+those three), extend, cancel, reschedule, requeue_dead, purge_dead) is one Lua
+script in this folder, run with EVALSHA; redis-py's ``Script`` reloads a
+script the server no longer knows (``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
+restart) by itself.
 
 One clock decides "due": the scripts read Redis ``TIME``, so a worker whose
 host clock is skewed never runs a job early. ``claim(now=...)`` and the
@@ -75,6 +76,7 @@ from delayq.backends._common import (
     check_run_at,
     stale_claim,
 )
+from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
 from delayq.errors import (
@@ -85,6 +87,7 @@ from delayq.errors import (
     JobConflict,
     MissingDependency,
     QueueClosed,
+    StaleClaim,
 )
 from delayq.job import (
     CancelOutcome,
@@ -120,6 +123,7 @@ SCRIPT_NAMES = (
     "ack",
     "retry",
     "bury",
+    "complete",
     "extend",
     "cancel",
     "reschedule",
@@ -486,7 +490,7 @@ class RedisBackend:
         with contextlib.suppress(BackendError):
             self._call(pipe.execute)
 
-    def _stale(self, claim: Claim, reply: Sequence[Any]) -> Exception:
+    def _stale(self, claim: Claim, reply: Sequence[Any]) -> StaleClaim:
         state = JobState(reply[1]) if reply[1] else None
         token = int(reply[2]) if reply[2] else None
         return stale_claim(claim, state, token)
@@ -596,6 +600,29 @@ class RedisBackend:
         reply = self._run("bury", [claim.job.id, claim.token, error])
         if not int(reply[0]):
             raise self._stale(claim, reply)
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        """Finish every claim of ``batch`` with one script call (see ``complete.lua``)."""
+        items = Completion.batch(batch)
+        if not items:
+            return []
+        args: list[Any] = [len(items)]
+        for item in items:
+            retrying = item.state is JobState.SCHEDULED
+            text = item.error if retrying or item.state is JobState.DEAD else item.outcome
+            args += (
+                item.claim.job.id,
+                item.claim.token,
+                item.state.value,
+                repr(item.run_at) if retrying else "",
+                text or "",
+            )
+        reply = self._run("complete", args)
+        self._woke(reply[0])
+        return [
+            None if int(answer[0]) else self._stale(item.claim, answer)
+            for item, answer in zip(items, reply[1:], strict=True)
+        ]
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)

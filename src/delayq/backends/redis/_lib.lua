@@ -163,6 +163,28 @@ local function stale(key, token)
   return {0, fields[1] or '', fields[2] or ''}
 end
 
+-- Finish a claimed job as succeeded or skipped with an optional note ("" = none).
+local function ack_job(key, id, state, outcome)
+  redis.call('ZREM', K_RUNNING, id)
+  redis.call('HSET', key, 'state', state, 'updated_at', fmt(NOW))
+  redis.call('HDEL', key, 'lease_until')
+  if outcome ~= '' then
+    redis.call('HSET', key, 'outcome', outcome)
+  else
+    redis.call('HDEL', key, 'outcome')
+  end
+  finish(key, id, state)
+end
+
+-- Return a claimed job to the due set at `run_at` (text, epoch seconds) with its error.
+local function retry_job(key, id, run_at, err)
+  redis.call('ZREM', K_RUNNING, id)
+  redis.call('HSET', key, 'state', 'scheduled', 'run_at', run_at, 'last_error', err,
+    'updated_at', fmt(NOW))
+  redis.call('HDEL', key, 'lease_until')
+  schedule(key, id, tonumber(run_at), false)
+end
+
 local function is_final(state)
   return state == 'succeeded' or state == 'cancelled' or state == 'skipped' or state == 'dead'
 end

@@ -12,13 +12,5 @@ local is_stale = stale(key, token)
 if is_stale then
   return is_stale
 end
-redis.call('ZREM', K_RUNNING, id)
-redis.call('HSET', key, 'state', state, 'updated_at', fmt(NOW))
-redis.call('HDEL', key, 'lease_until')
-if outcome ~= '' then
-  redis.call('HSET', key, 'outcome', outcome)
-else
-  redis.call('HDEL', key, 'outcome')
-end
-finish(key, id, state)
+ack_job(key, id, state, outcome)
 return {1}

@@ -14,9 +14,5 @@ if is_stale then
   return is_stale
 end
 local before = head_score()
-redis.call('ZREM', K_RUNNING, id)
-redis.call('HSET', key, 'state', 'scheduled', 'run_at', run_at, 'last_error', err,
-  'updated_at', fmt(NOW))
-redis.call('HDEL', key, 'lease_until')
-schedule(key, id, tonumber(run_at), false)
+retry_job(key, id, run_at, err)
 return {1, wake_if_earlier(before)}
