@@ -18,10 +18,19 @@ What happens to a claimed job:
   stored backoff) until ``max_attempts``, then dead-lettered with the error and
   traceback.
 
+Results are recorded by group commit: a pool thread whose handler finished
+puts the result in a buffer; the first one to find no flush in progress
+becomes the flusher and records everything buffered with one
+``backend.complete`` call (one transaction, so one fsync on SQLite FULL, one
+script call on Redis), repeating until the buffer is empty, while the others
+only append and move on. Nothing waits on purpose: batches are as large as
+what finished during the previous commit, one job when idle, many under load.
+A slot frees when its result is committed.
+
 Leases are renewed every ``lease / 3`` seconds while a handler runs, so a long
 handler keeps its job; a crashed worker stops renewing and the job runs again
-after its lease. A stale fencing token on ack (the lease was lost) is logged,
-never fatal.
+after its lease. A stale fencing token when recording a result (the lease was
+lost) is logged for that job, never fatal.
 
 Stopping (``stop()``, SIGINT or SIGTERM under :meth:`Worker.run`): stop
 claiming, return claims whose handler has not started (``retry`` at their
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import math
@@ -51,9 +61,10 @@ from typing import Any, Literal
 
 from delayq.app import DelayQ, Handler, JobContext
 from delayq.backends import Backend
+from delayq.backends.base import Completion
 from delayq.backoff import backoff_from_spec
 from delayq.clock import Clock
-from delayq.errors import InvalidInput, InvalidOption, QueueClosed, StaleClaim
+from delayq.errors import BackendError, InvalidInput, InvalidOption, QueueClosed, StaleClaim
 from delayq.job import Claim, JobState, Misfire
 
 __all__ = ["JobResult", "Outcome", "Worker", "WorkerStats", "percentile"]
@@ -139,6 +150,19 @@ class _InFlight:
     abandoned: bool = False  # still running after the grace period
 
 
+@dataclass(eq=False, slots=True)
+class _Finished:
+    """A finished attempt waiting in the group-commit buffer."""
+
+    key: int
+    rec: _InFlight
+    outcome: Outcome
+    make: Callable[[Claim], Completion]  # the store call, from the claim at commit time
+    duration: float
+    error: str | None
+    retry_at: float | None
+
+
 class _Pool:
     """Daemon threads running submitted callables.
 
@@ -222,9 +246,9 @@ class Worker:
     backend wakes the worker when a job arrives).
 
     Lock rule: ``_cond`` (a Condition over ``_lock``) guards ``_inflight``,
-    ``_stopping``, ``_grace``, ``_stop_mono``, the counters and
-    ``_lateness``; it is never held while a handler or a store call runs. It is
-    notified when a slot frees or a stop is requested.
+    ``_finished``, ``_flushing``, ``_stopping``, ``_grace``, ``_stop_mono``, the
+    counters and ``_lateness``; it is never held while a handler or a store call
+    runs. It is notified when a slot frees or a stop is requested.
     """
 
     def __init__(
@@ -254,6 +278,8 @@ class Worker:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._inflight: dict[int, _InFlight] = {}
+        self._finished: list[_Finished] = []  # the group-commit buffer
+        self._flushing = False  # a pool thread is committing the buffer
         self._stopping = False
         self._grace = self.grace
         self._stop_mono: float | None = None
@@ -296,7 +322,9 @@ class Worker:
         with self._cond:
             if self._thread is not None:
                 raise QueueClosed("this worker was already started; create a new Worker")
-            self._pool = _Pool(self.concurrency, f"{self.name}-handler")
+            # One thread more than handlers: the thread committing a batch of
+            # results never holds up a claimed job.
+            self._pool = _Pool(self.concurrency + 1, f"{self.name}-handler")
             self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._thread.start()
         return self
@@ -447,21 +475,35 @@ class Worker:
             try:
                 claims = self._backend.claim(limit=limit, lease=self.lease)
             except QueueClosed:
-                log.warning("the store %s was closed; the worker stops", self._backend.url)
-                with self._cond:
-                    self._stopping = True
-                    self._stop_mono = self.clock.monotonic()
+                self._store_closed()
                 return
             except Exception:
                 error_pause = min(5.0, max(0.1, error_pause * 2))
                 log.exception("claim failed; trying again in %.1fs", error_pause)
-                self._pause(error_pause)
+                self._pause(self._wait_budget(error_pause))  # renewals go on
                 continue
-            error_pause = 0.0
             self._start_all(claims)
             backlog = len(claims) == limit
             if not backlog:
-                self._backend.wait_for_due(self._wait_budget(self.idle_wait))
+                try:
+                    self._backend.wait_for_due(self._wait_budget(self.idle_wait))
+                except QueueClosed:
+                    self._store_closed()
+                    return
+                except Exception:
+                    # e.g. BackendUnavailable (SQLite busy timeout): like a failed
+                    # claim, it must not end the worker; back off and claim again.
+                    error_pause = min(5.0, max(0.1, error_pause * 2))
+                    log.exception("waiting for due jobs failed; trying again in %.1fs", error_pause)
+                    self._pause(self._wait_budget(error_pause))  # renewals go on
+                    continue
+            error_pause = 0.0
+
+    def _store_closed(self) -> None:
+        log.warning("the store %s was closed; the worker stops", self._backend.url)
+        with self._cond:
+            self._stopping = True
+            self._stop_mono = self.clock.monotonic()
 
     def _start_all(self, claims: Sequence[Claim]) -> None:
         if not claims:
@@ -578,8 +620,8 @@ class Worker:
             log.exception("delayq worker: unexpected error processing job %s", rec.claim.job.id)
             with self._cond:
                 rec.abandoned = True
-                self._inflight.pop(key, None)
-                self._counts["errors"] += 1
+                if self._inflight.pop(key, None) is not None:
+                    self._counts["errors"] += 1
                 self._cond.notify_all()
 
     def _process(self, key: int, rec: _InFlight) -> None:
@@ -593,7 +635,7 @@ class Worker:
                 key,
                 rec,
                 "returned",
-                lambda c: self._backend.retry(
+                lambda c: Completion.retry(
                     c, job.run_at, "returned unstarted: the worker was stopping"
                 ),
             )
@@ -605,14 +647,14 @@ class Worker:
                 f"UnknownHandler: no handler is registered under {job.name!r} in this worker "
                 f"(registered: {known}); requeue the job once a worker knows it"
             )
-            self._record(key, rec, "dead", lambda c: self._backend.bury(c, reason), error=reason)
+            self._record(key, rec, "dead", lambda c: Completion.bury(c, reason), error=reason)
             return
         lateness = claim.claimed_at - job.run_at
         try:
             misfire = Misfire.parse(job.misfire)
         except InvalidInput as exc:
             reason = f"cannot read the job's misfire policy {job.misfire!r}: {exc}"
-            self._record(key, rec, "dead", lambda c: self._backend.bury(c, reason), error=reason)
+            self._record(key, rec, "dead", lambda c: Completion.bury(c, reason), error=reason)
             return
         if not misfire.should_run(lateness):
             note = f"skipped: {lateness:.3f}s late (misfire policy {misfire.to_spec()})"
@@ -620,7 +662,7 @@ class Worker:
                 key,
                 rec,
                 "skipped",
-                lambda c: self._backend.ack(c, state=JobState.SKIPPED, outcome=note),
+                lambda c: Completion.ack(c, state=JobState.SKIPPED, outcome=note),
             )
             return
         ctx = JobContext(
@@ -682,9 +724,7 @@ class Worker:
             note = None
             if lateness > _SLOW_NOTE_AFTER:
                 note = f"ran {lateness:.3f}s late (misfire policy {job.misfire})"
-            self._record(
-                key, rec, "succeeded", lambda c: self._backend.ack(c, outcome=note), duration
-            )
+            self._record(key, rec, "succeeded", lambda c: Completion.ack(c, outcome=note), duration)
             return
         error = _format_error(exc)
         if claim.attempt >= job.max_attempts:
@@ -697,7 +737,7 @@ class Worker:
                 exc,
             )
             self._record(
-                key, rec, "dead", lambda c: self._backend.bury(c, error), duration, error=error
+                key, rec, "dead", lambda c: Completion.bury(c, error), duration, error=error
             )
             return
         try:
@@ -705,7 +745,7 @@ class Worker:
         except InvalidInput as spec_error:
             reason = f"{error}\n\ncannot read the job's backoff {job.backoff!r}: {spec_error}"
             self._record(
-                key, rec, "dead", lambda c: self._backend.bury(c, reason), duration, error=reason
+                key, rec, "dead", lambda c: Completion.bury(c, reason), duration, error=reason
             )
             return
         # "now" on the backend's clock: the claim time plus the local time since.
@@ -723,67 +763,142 @@ class Worker:
             key,
             rec,
             "retried",
-            lambda c: self._backend.retry(c, run_at, error),
+            lambda c: Completion.retry(c, run_at, error),
             duration,
             error=error,
             retry_at=run_at,
         )
-        # Wake this process's waiters: the retry may be due before they planned to wake.
-        self._backend.interrupt()
 
     def _record(
         self,
         key: int,
         rec: _InFlight,
         outcome: Outcome,
-        store_call: Callable[[Claim], None],
+        make: Callable[[Claim], Completion],
         duration: float = 0.0,
         *,
         error: str | None = None,
         retry_at: float | None = None,
     ) -> None:
-        """Make the final store call for a claim, free its slot, report the result."""
-        with rec.lock:
-            with self._cond:
-                claim = rec.claim
-                abandoned = rec.abandoned
-            if abandoned:
-                log.warning(
-                    "job %s finished after the grace period; not recording it", claim.job.id
-                )
-                return
-            try:
-                store_call(claim)
-            except StaleClaim:
-                log.warning(
-                    "job %s (%s): its lease expired before the result was recorded; "
-                    "the job may run again (make handlers idempotent on ctx.id)",
-                    claim.job.id,
-                    claim.job.name,
-                )
-                outcome = "stale"
-            except Exception:
-                log.exception(
-                    "job %s (%s): recording %r failed; it runs again after its lease",
-                    claim.job.id,
-                    claim.job.name,
-                    outcome,
-                )
-                outcome = "error"
+        """Hand a finished attempt to the group commit (see :meth:`_flush`).
+
+        ``make`` builds the store call from the claim as it is at commit time
+        (a lease renewal may have replaced it meanwhile).
+        """
+        entry = _Finished(key, rec, outcome, make, duration, error, retry_at)
         with self._cond:
-            self._inflight.pop(key, None)
-            self._counts["errors" if outcome == "error" else outcome] += 1
+            self._finished.append(entry)
+            if self._flushing:
+                return  # the thread flushing now (or next round) commits it
+            self._flushing = True
+        self._flush()
+
+    def _flush(self) -> None:
+        """Group commit: record every finished attempt buffered so far in one
+        ``backend.complete`` call, then again for those buffered meanwhile, until
+        the buffer is empty.
+
+        The first pool thread to find no flush in progress becomes the flusher;
+        the others only append. There is no artificial delay: a batch holds what
+        finished while the previous one was being committed, so batches grow with
+        the load (one fsync for many jobs on SQLite FULL, one script call on Redis).
+        """
+        while True:
+            with self._cond:
+                batch, self._finished = self._finished, []
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                self._commit(batch)
+            except BaseException:
+                # A bug in the worker: free the slots so nothing is stuck (the
+                # leases run out and the jobs run again), then report it.
+                with self._cond:
+                    for entry in batch:
+                        if self._inflight.pop(entry.key, None) is not None:
+                            self._counts["errors"] += 1
+                    self._flushing = False
+                    self._cond.notify_all()
+                raise
+
+    def _commit(self, batch: list[_Finished]) -> None:
+        """Record ``batch`` in one store call, free the slots, report the results."""
+        live: list[tuple[_Finished, Claim]] = []
+        results: list[tuple[_Finished, Claim, Outcome]] = []
+        with contextlib.ExitStack() as locks:
+            # Each claim's lock keeps its lease renewal out while it is being finished.
+            for entry in batch:
+                locks.enter_context(entry.rec.lock)
+                with self._cond:
+                    claim = entry.rec.claim
+                    abandoned = entry.rec.abandoned
+                if abandoned:
+                    log.warning(
+                        "job %s finished after the grace period; not recording it", claim.job.id
+                    )
+                    continue
+                live.append((entry, claim))
+            completions: list[tuple[_Finished, Claim, Completion]] = []
+            for entry, claim in live:
+                try:
+                    completions.append((entry, claim, entry.make(claim)))
+                except Exception:
+                    log.exception(
+                        "job %s (%s): cannot record %r; it runs again after its lease",
+                        claim.job.id,
+                        claim.job.name,
+                        entry.outcome,
+                    )
+                    results.append((entry, claim, "error"))
+            if completions:
+                try:
+                    answers = self._backend.complete([c for _, _, c in completions])
+                    if len(answers) != len(completions):
+                        raise BackendError(
+                            f"the store answered {len(answers)} results for "
+                            f"{len(completions)} completions"
+                        )
+                except Exception:
+                    log.exception(
+                        "recording %d result(s) failed; those jobs run again after their "
+                        "leases: %s",
+                        len(completions),
+                        [claim.job.id for _, claim, _ in completions][:10],
+                    )
+                    results += [(entry, claim, "error") for entry, claim, _ in completions]
+                else:
+                    for (entry, claim, _), stale in zip(completions, answers, strict=True):
+                        if stale is None:
+                            results.append((entry, claim, entry.outcome))
+                            continue
+                        log.warning(
+                            "job %s (%s): its lease expired before the result was recorded; "
+                            "the job may run again (make handlers idempotent on ctx.id)",
+                            claim.job.id,
+                            claim.job.name,
+                        )
+                        results.append((entry, claim, "stale"))
+        with self._cond:
+            for entry, _, outcome in results:
+                self._inflight.pop(entry.key, None)
+                self._counts["errors" if outcome == "error" else outcome] += 1
             self._cond.notify_all()
-        if self._on_result is not None:
+        if any(outcome == "retried" for _, _, outcome in results):
+            # Wake this process's waiters: a retry may be due before they planned to wake.
+            self._backend.interrupt()
+        if self._on_result is None:
+            return
+        for entry, claim, outcome in results:
             result = JobResult(
                 job_id=claim.job.id,
                 name=claim.job.name,
                 attempt=claim.attempt,
                 outcome=outcome,
                 lateness=claim.claimed_at - claim.job.run_at,
-                duration=duration,
-                error=error,
-                retry_at=retry_at,
+                duration=entry.duration,
+                error=entry.error,
+                retry_at=entry.retry_at,
             )
             try:
                 self._on_result(result)

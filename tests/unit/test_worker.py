@@ -12,14 +12,15 @@ import os
 import queue
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from delayq.app import DelayQ, JobContext
+from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
-from delayq.errors import InvalidOption, StaleClaim
+from delayq.errors import BackendUnavailable, InvalidOption, StaleClaim
 from delayq.job import Claim, JobState
 from delayq.testing import FakeClock
 from delayq.worker import JobResult, Worker, percentile
@@ -328,10 +329,17 @@ def test_a_long_handler_keeps_its_lease_by_renewing_it(h: Harness) -> None:
 
 
 class _StaleAck(MemoryBackend):
-    """A store whose ack always finds the lease gone."""
+    """A store whose acks (single or in a ``complete`` batch) always find the lease gone."""
 
-    def ack(self, claim: Claim, **kwargs: Any) -> None:
-        raise StaleClaim(f"token {claim.token} of job {claim.job.id} is stale")
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        results: list[StaleClaim | None] = []
+        for item in batch:
+            if item.state in (JobState.SUCCEEDED, JobState.SKIPPED):
+                claim = item.claim
+                results.append(StaleClaim(f"token {claim.token} of job {claim.job.id} is stale"))
+            else:
+                results += super().complete([item])
+        return results
 
 
 def test_a_stale_claim_on_ack_is_logged_and_the_worker_goes_on(
@@ -347,6 +355,109 @@ def test_a_stale_claim_on_ack_is_logged_and_the_worker_goes_on(
         assert h.worker is not None and h.worker.running
         assert h.worker.stats().stale == 2
         assert "lease expired before the result was recorded" in caplog.text
+    finally:
+        h.stop()
+
+
+class _GatedComplete(MemoryBackend):
+    """Holds its first ``complete`` call until ``gate`` is set; records every batch size."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.sizes: list[int] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        items = list(batch)
+        self.sizes.append(len(items))
+        self.entered.set()
+        self.gate.wait(TIMEOUT)
+        return super().complete(items)
+
+
+def test_results_that_finish_during_a_commit_are_recorded_together_in_one_call() -> None:
+    h = Harness(_GatedComplete, concurrency=4)
+    backend = h.backend
+    assert isinstance(backend, _GatedComplete)
+    release = threading.Event()
+    h.app.register("first", lambda p: None)
+    h.app.register("rest", lambda p: release.wait(TIMEOUT))
+    h.app.schedule("first", delay=0)
+    for _ in range(3):
+        h.app.schedule("rest", delay=0)
+    try:
+        worker = h.start()
+        assert backend.entered.wait(TIMEOUT)  # "first" is being recorded, alone
+        release.set()
+        # The other three finish meanwhile and only queue their results.
+        assert wait_until(lambda: len(worker._finished) == 3, TIMEOUT)
+        backend.gate.set()
+        assert [h.next_result().outcome for _ in range(4)] == ["succeeded"] * 4
+        assert backend.sizes == [1, 3]
+        assert h.app.stats().succeeded == 4
+    finally:
+        backend.gate.set()
+        release.set()
+        h.stop()
+
+
+class _FailingComplete(MemoryBackend):
+    """A store whose first ``complete`` call fails as unreachable."""
+
+    failures = 1
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailable("the store is unreachable")
+        return super().complete(batch)
+
+
+def test_a_store_error_while_recording_a_result_is_logged_and_the_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(_FailingComplete)
+    h.app.register("x", lambda p: None)
+    first = h.app.schedule("x", delay=0)
+    try:
+        worker = h.start()
+        assert h.next_result().outcome == "error"
+        assert h.job(first).state is JobState.RUNNING  # its lease runs out; it runs again
+        assert "recording 1 result(s) failed" in caplog.text
+        h.app.schedule("x", delay=0)
+        assert h.next_result().outcome == "succeeded"
+        assert worker.running and worker.stats().errors == 1
+    finally:
+        h.stop()
+
+
+class _FailingWait(MemoryBackend):
+    """A store whose first ``wait_for_due`` fails (as SQLite does after its busy timeout)."""
+
+    failures = 1
+
+    def wait_for_due(self, max_wait: float) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise BackendUnavailable("database is locked (busy_timeout=10.0s)")
+        super().wait_for_due(max_wait)
+
+
+def test_a_store_error_while_waiting_for_due_jobs_is_logged_and_the_worker_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(_FailingWait)
+    h.app.register("x", lambda p: None)
+    try:
+        worker = h.start()
+        h.asleep()  # backing off on the clock, not crashed
+        assert "waiting for due jobs failed" in caplog.text
+        assert worker.running
+        h.clock.advance(0.1)
+        h.app.schedule("x", delay=0)
+        assert h.next_result().outcome == "succeeded"
+        assert worker.running
     finally:
         h.stop()
 
