@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import math
@@ -780,67 +779,63 @@ class Worker:
         error: str | None = None,
         retry_at: float | None = None,
     ) -> None:
-        """Hand a finished attempt to the group commit (see :meth:`_flush`).
+        """Hand a finished attempt to the group commit.
 
-        ``make`` builds the store call from the claim as it is at commit time
-        (a lease renewal may have replaced it meanwhile).
+        Group commit: the first pool thread to find no flush in progress becomes
+        the flusher and records everything buffered so far with ONE
+        ``backend.complete`` call, then again for what was buffered meanwhile,
+        until the buffer is empty; the others only append. There is no
+        artificial delay: a batch holds what finished while the previous one was
+        being committed, so batches grow with the load (one fsync for many jobs
+        on SQLite FULL, one script call on Redis).
+
+        ``make`` builds the store call from the claim as it is at commit time (a
+        lease renewal may have replaced it meanwhile).
         """
         entry = _Finished(key, rec, outcome, make, duration, error, retry_at)
         with self._cond:
             self._finished.append(entry)
             if self._flushing:
-                return  # the thread flushing now (or next round) commits it
+                return  # the thread flushing now commits it in its next round
             self._flushing = True
-        self._flush()
-
-    def _flush(self) -> None:
-        """Group commit: record every finished attempt buffered so far in one
-        ``backend.complete`` call, then again for those buffered meanwhile, until
-        the buffer is empty.
-
-        The first pool thread to find no flush in progress becomes the flusher;
-        the others only append. There is no artificial delay: a batch holds what
-        finished while the previous one was being committed, so batches grow with
-        the load (one fsync for many jobs on SQLite FULL, one script call on Redis).
-        """
-        while True:
-            with self._cond:
-                batch, self._finished = self._finished, []
-                if not batch:
-                    self._flushing = False
-                    return
+            batch, self._finished = self._finished, []
+        while batch:
             try:
-                self._commit(batch)
+                batch = self._commit(batch)
             except BaseException:
                 # A bug in the worker: free the slots so nothing is stuck (the
                 # leases run out and the jobs run again), then report it.
                 with self._cond:
-                    for entry in batch:
-                        if self._inflight.pop(entry.key, None) is not None:
+                    for item in batch:
+                        if self._inflight.pop(item.key, None) is not None:
                             self._counts["errors"] += 1
                     self._flushing = False
                     self._cond.notify_all()
                 raise
 
-    def _commit(self, batch: list[_Finished]) -> None:
-        """Record ``batch`` in one store call, free the slots, report the results."""
-        live: list[tuple[_Finished, Claim]] = []
+    def _commit(self, batch: list[_Finished]) -> list[_Finished]:
+        """Record ``batch`` in one store call, free the slots, report the results.
+
+        Returns the next batch: what was buffered meanwhile (empty when the
+        buffer was empty; this thread then is no longer the flusher).
+        """
         results: list[tuple[_Finished, Claim, Outcome]] = []
-        with contextlib.ExitStack() as locks:
-            # Each claim's lock keeps its lease renewal out while it is being finished.
-            for entry in batch:
-                locks.enter_context(entry.rec.lock)
-                with self._cond:
-                    claim = entry.rec.claim
-                    abandoned = entry.rec.abandoned
-                if abandoned:
-                    log.warning(
-                        "job %s finished after the grace period; not recording it", claim.job.id
-                    )
-                    continue
-                live.append((entry, claim))
+        # Each claim's lock keeps its lease renewal out while it is being finished.
+        locks = [entry.rec.lock for entry in batch]
+        for lock in locks:
+            lock.acquire()
+        try:
+            with self._cond:
+                current = [(e, e.rec.claim) for e in batch if not e.rec.abandoned]
+            if len(current) < len(batch):
+                for entry in batch:
+                    if entry.rec.abandoned:
+                        log.warning(
+                            "job %s finished after the grace period; not recording it",
+                            entry.rec.claim.job.id,
+                        )
             completions: list[tuple[_Finished, Claim, Completion]] = []
-            for entry, claim in live:
+            for entry, claim in current:
                 try:
                     completions.append((entry, claim, entry.make(claim)))
                 except Exception:
@@ -852,55 +847,74 @@ class Worker:
                     )
                     results.append((entry, claim, "error"))
             if completions:
-                try:
-                    answers = self._backend.complete([c for _, _, c in completions])
-                    if len(answers) != len(completions):
-                        raise BackendError(
-                            f"the store answered {len(answers)} results for "
-                            f"{len(completions)} completions"
-                        )
-                except Exception:
-                    log.exception(
-                        "recording %d result(s) failed; those jobs run again after their "
-                        "leases: %s",
-                        len(completions),
-                        [claim.job.id for _, claim, _ in completions][:10],
-                    )
-                    results += [(entry, claim, "error") for entry, claim, _ in completions]
-                else:
-                    for (entry, claim, _), stale in zip(completions, answers, strict=True):
-                        if stale is None:
-                            results.append((entry, claim, entry.outcome))
-                            continue
-                        log.warning(
-                            "job %s (%s): its lease expired before the result was recorded; "
-                            "the job may run again (make handlers idempotent on ctx.id)",
-                            claim.job.id,
-                            claim.job.name,
-                        )
-                        results.append((entry, claim, "stale"))
+                self._complete(completions, results)
+        finally:
+            for lock in locks:
+                lock.release()
         with self._cond:
             for entry, _, outcome in results:
                 self._inflight.pop(entry.key, None)
                 self._counts["errors" if outcome == "error" else outcome] += 1
             self._cond.notify_all()
+            following, self._finished = self._finished, []
+            if not following:
+                self._flushing = False
         if any(outcome == "retried" for _, _, outcome in results):
             # Wake this process's waiters: a retry may be due before they planned to wake.
-            self._backend.interrupt()
-        if self._on_result is None:
-            return
-        for entry, claim, outcome in results:
-            result = JobResult(
-                job_id=claim.job.id,
-                name=claim.job.name,
-                attempt=claim.attempt,
-                outcome=outcome,
-                lateness=claim.claimed_at - claim.job.run_at,
-                duration=entry.duration,
-                error=entry.error,
-                retry_at=entry.retry_at,
-            )
             try:
-                self._on_result(result)
+                self._backend.interrupt()
             except Exception:
-                log.exception("on_result callback failed")
+                log.exception("waking the dispatcher after a retry failed")
+        if self._on_result is not None:
+            for entry, claim, outcome in results:
+                self._report(entry, claim, outcome)
+        return following
+
+    def _complete(
+        self,
+        completions: list[tuple[_Finished, Claim, Completion]],
+        results: list[tuple[_Finished, Claim, Outcome]],
+    ) -> None:
+        """The store call of one group commit; appends each entry's outcome to ``results``."""
+        try:
+            answers = self._backend.complete([c for _, _, c in completions])
+            if len(answers) != len(completions):
+                raise BackendError(
+                    f"the store answered {len(answers)} results for {len(completions)} completions"
+                )
+        except Exception:
+            log.exception(
+                "recording %d result(s) failed; those jobs run again after their leases: %s",
+                len(completions),
+                [claim.job.id for _, claim, _ in completions][:10],
+            )
+            results += [(entry, claim, "error") for entry, claim, _ in completions]
+            return
+        for (entry, claim, _), stale in zip(completions, answers, strict=True):
+            if stale is None:
+                results.append((entry, claim, entry.outcome))
+                continue
+            log.warning(
+                "job %s (%s): its lease expired before the result was recorded; "
+                "the job may run again (make handlers idempotent on ctx.id)",
+                claim.job.id,
+                claim.job.name,
+            )
+            results.append((entry, claim, "stale"))
+
+    def _report(self, entry: _Finished, claim: Claim, outcome: Outcome) -> None:
+        assert self._on_result is not None
+        result = JobResult(
+            job_id=claim.job.id,
+            name=claim.job.name,
+            attempt=claim.attempt,
+            outcome=outcome,
+            lateness=claim.claimed_at - claim.job.run_at,
+            duration=entry.duration,
+            error=entry.error,
+            retry_at=entry.retry_at,
+        )
+        try:
+            self._on_result(result)
+        except Exception:
+            log.exception("on_result callback failed")

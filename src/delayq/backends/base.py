@@ -81,6 +81,11 @@ class Completion:
     run_at: float | None = None  # retry: the new due time (epoch seconds)
 
     def __post_init__(self) -> None:
+        state = self.state
+        if (state is JobState.SUCCEEDED or state is JobState.SKIPPED) and (
+            self.run_at is None and self.error is None
+        ):
+            return  # the common case, an ack, checked cheaply (results are hot)
         if isinstance(self.state, str) and not isinstance(self.state, JobState):
             with contextlib.suppress(ValueError):  # "succeeded" -> JobState.SUCCEEDED
                 object.__setattr__(self, "state", JobState(self.state))
@@ -111,7 +116,11 @@ class Completion:
         cls, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
     ) -> Completion:
         """Finish as SUCCEEDED (or SKIPPED) with an optional note, like ``Backend.ack``."""
-        if state not in (JobState.SUCCEEDED, JobState.SKIPPED):
+        if (
+            state is not JobState.SUCCEEDED
+            and state is not JobState.SKIPPED
+            and state not in (JobState.SUCCEEDED, JobState.SKIPPED)
+        ):
             raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
         return cls(claim, state, outcome=outcome)
 

@@ -379,7 +379,8 @@ class MemoryBackend:
         with self._lock:
             self._check_open()
             now = self._clock.time()
-            head = self._next_due()
+            retrying = any(item.state is JobState.SCHEDULED for item in items)
+            head = self._next_due() if retrying else None
             earliest: float | None = None
             results: list[StaleClaim | None] = []
             for item in items:
