@@ -34,10 +34,13 @@ Waiting without polling: :meth:`RedisBackend.wait_for_due` asks a script how
 long until the head of the due set (or the earliest lease expiry) on the
 server's clock, then blocks in ``BLPOP`` on the queue's wake list. The enqueue,
 retry, reschedule and requeue scripts push a token there only when the head of
-the due set changed, and a claim that leaves due jobs behind passes one on to
-the next worker. Redis fires ``BLPOP`` timeouts on its ~100 ms cron tick, so
-the precise deadline is kept by the client: it waits on the socket itself and,
-when its deadline passes first, ends the ``BLPOP`` with ``CLIENT UNBLOCK``.
+the due set changed; a claim that leaves due jobs behind passes one on to the
+next worker; a claim whose lease ends before both the head of the due set and
+every other lease pushes one too (so a worker asleep toward a far-off job
+recovers that lease on time if the claimer dies). Redis fires ``BLPOP``
+timeouts on its ~100 ms cron tick, so the precise deadline is kept by the
+client: it waits on the socket itself and, when its deadline passes first,
+ends the ``BLPOP`` with ``CLIENT UNBLOCK``.
 An idle worker with nothing due for an hour sends a handful of commands an hour.
 
 ``expiry_events=True`` adds the classic key-expiry trigger: each scheduled job
@@ -571,11 +574,12 @@ class RedisBackend:
         reply = self._run("claim", [limit, repr(lease), _RECOVER_PER_CLAIM], now=now, retry=True)
         claimed_at = float(reply[0])
         lease_until = float(reply[1])
+        self._woke(reply[3])  # the new lease ends before anything waiters here wait for
         if now is None and self._clock is None:  # the hint is on the server's clock
             ms = _float(reply[2])
             self._hint.value = (SYSTEM_CLOCK.monotonic(), None if ms is None else ms / 1000)
         claims: list[Claim] = []
-        for i in range(3, len(reply), 2):
+        for i in range(4, len(reply), 2):
             fields = _pairs(reply[i + 1])
             claims.append(
                 Claim(_job(reply[i], fields), int(fields["token"]), lease_until, claimed_at)

@@ -4,14 +4,20 @@
 -- ARGV[5]   limit: the most jobs to claim
 -- ARGV[6]   lease in seconds
 -- ARGV[7]   the most expired leases to recover in this call
--- Returns {now, lease_until, next, id1, fields1, id2, fields2, ...}: fields is the job's
--- HGETALL after the claim; next is the milliseconds until the next due job or lease expiry
--- after this claim ("" when there is none), so a worker can wait without asking again.
+-- Returns {now, lease_until, next, woke, id1, fields1, id2, fields2, ...}: fields is the
+-- job's HGETALL after the claim; next is the milliseconds until the next due job or lease
+-- expiry after this claim ("" when there is none), so a worker can wait without asking
+-- again; woke is 1 when the new lease ends before anything sleeping workers wait for.
 --
 -- First, expired leases go back to the due set (due at once), or to the
 -- dead-letter set when the job has used all its attempts: no reaper process is
 -- needed. Then due jobs are claimed in (run_at, enqueue order). When more due
 -- jobs remain, one more worker is woken (the wake-up passes on like a baton).
+-- One is also woken when the new lease ends before both the head of the due set
+-- and every other lease: a worker asleep toward a far-off job then learns of it,
+-- and recovers the lease on time if this worker dies. Under load this never fires
+-- (the head is near, or an older lease ends first); only a job claimed in a quiet
+-- moment costs one extra wake-up.
 local limit = tonumber(ARGV[5])
 local lease = tonumber(ARGV[6])
 local max_recover = tonumber(ARGV[7])
@@ -49,8 +55,13 @@ end
 
 local lease_until = NOW + lease
 local lease_until_s = fmt(lease_until)
-local result = {now, lease_until_s, ''}
+local result = {now, lease_until_s, '', 0}
 local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+local lease_before = nil -- the earliest lease deadline before this claim (ms)
+if #members > 0 then
+  lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
+end
+local claimed = 0
 for _, member in ipairs(members) do
   local id = string.sub(member, 17)
   local key = job_key(id)
@@ -64,6 +75,7 @@ for _, member in ipairs(members) do
     redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
       'updated_at', now)
     redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
+    claimed = claimed + 1
     result[#result + 1] = id
     result[#result + 1] = redis.call('HGETALL', key)
   end
@@ -71,7 +83,14 @@ end
 
 local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
 local next_ms = tonumber(head[2])
-if #members == limit and next_ms and next_ms <= NOW_MS then
+local wake = #members == limit and next_ms and next_ms <= NOW_MS
+local lease_ms = lease_until * 1000
+if claimed > 0 and (not next_ms or lease_ms < next_ms)
+    and (not lease_before or lease_ms < lease_before) then
+  wake = true
+  result[4] = 1
+end
+if wake then
   redis.call('LPUSH', K_WAKE, '1')
   redis.call('LTRIM', K_WAKE, 0, 0)
 end
