@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from delayq._validate import check_datetime, check_job_id, check_seconds
 from delayq.backends import Backend, open_backend
-from delayq.backoff import Backoff, backoff_from_spec
+from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from delayq.errors import ConfigurationError, InvalidDelay, InvalidInput, InvalidOption
@@ -172,13 +174,94 @@ def _takes_context(name: str, fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or var_positional
 
 
+def _id_prefix(now: float) -> str:
+    return f"{int(now * 1_000_000) & (1 << 56) - 1:014x}"
+
+
 def _new_id(now: float) -> str:
     """A new job id: 32 hex digits, the creation time in microseconds then 72 random bits.
 
     Like a ULID, ids sort by creation time, so a store's id index grows at its
     end instead of splitting random pages (much faster inserts into big tables).
     """
-    return f"{int(now * 1_000_000) & (1 << 56) - 1:014x}{os.urandom(9).hex()}"
+    return _id_prefix(now) + os.urandom(9).hex()
+
+
+class _BatchIds:
+    """New job ids for one ``schedule_many`` call: the ids of :func:`_new_id`, with
+    the time prefix computed once (one ``now`` per batch) and the random bits
+    read from the OS 256 ids at a time instead of one system call per id."""
+
+    __slots__ = ("_hex", "_pos", "_prefix")
+
+    _CHUNK = 256 * 18  # hex digits: 256 ids of 72 random bits
+
+    def __init__(self, now: float) -> None:
+        self._prefix = _id_prefix(now)
+        self._hex = ""
+        self._pos = 0
+
+    def next(self) -> str:
+        pos = self._pos
+        if pos >= len(self._hex):
+            self._hex = os.urandom(self._CHUNK // 2).hex()
+            pos = 0
+        self._pos = pos + 18
+        return self._prefix + self._hex[pos : pos + 18]
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR = frozenset({str})
+_PLAIN_DEPTH = 100
+_encode_plain = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
+).encode
+
+
+def _is_plain(value: object, depth: int = 0) -> bool:
+    """True when ``value`` is built only of the exact types dict (with str keys),
+    list, tuple, str, int, float, bool and None, at most ``_PLAIN_DEPTH`` deep.
+
+    Such a payload needs no checking walk: ``json`` encodes it exactly as
+    :func:`~delayq.codec.encode_payload` would, and only a NaN or infinity can
+    still fail (``allow_nan=False`` raises). The type checks run in C (sets of
+    ``type`` over a container), so a flat dict costs about a microsecond.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth >= _PLAIN_DEPTH:
+        return False
+    items: Iterable[object]
+    if kind is dict:
+        if not _STR.issuperset(map(type, value)):  # type: ignore[call-overload]
+            return False
+        items = value.values()  # type: ignore[attr-defined]
+    elif kind is list or kind is tuple:
+        items = value  # type: ignore[assignment]
+    else:
+        return False
+    if _SCALARS.issuperset(map(type, items)):
+        return True
+    return all(_is_plain(item, depth + 1) for item in items)
+
+
+_IMMUTABLE_OPTIONS = (str, int, float, Misfire, ExponentialBackoff, ScheduleBackoff)
+
+
+def _parsed(
+    cache: dict[int, tuple[object, Any]] | None, value: object, parse: Callable[[object], Any]
+) -> Any:
+    """``parse(value)``, remembered in ``cache`` (one batch) by the identity of an
+    immutable ``value``: the cache holds the value itself, so its id is not reused."""
+    if cache is None or not isinstance(value, _IMMUTABLE_OPTIONS):
+        return parse(value)
+    hit = cache.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    result = parse(value)
+    cache[id(value)] = (value, result)
+    return result
 
 
 class DelayQ:
@@ -337,9 +420,11 @@ class DelayQ:
         now = self.clock.time()
         specs: list[JobSpec] = []
         seen: set[str] = set()
+        ids = _BatchIds(now)
+        options: dict[int, tuple[object, Any]] = {}  # parsed backoff / misfire, by identity
         for i, item in enumerate(jobs):
             try:
-                if not isinstance(item, Mapping):
+                if type(item) is not dict and not isinstance(item, Mapping):
                     raise InvalidOption(
                         f"each job must be a mapping of schedule() arguments, "
                         f"got {type(item).__name__}"
@@ -361,6 +446,8 @@ class DelayQ:
                     backoff=item.get("backoff"),
                     misfire=item.get("misfire"),
                     now=now,
+                    ids=ids,
+                    options=options,
                 )
                 if spec.id in seen:
                     raise InvalidOption(f"job_id {spec.id!r} appears more than once in the batch")
@@ -529,21 +616,63 @@ class DelayQ:
         backoff: Any,
         misfire: Any,
         now: float,
+        ids: _BatchIds | None = None,
+        options: dict[int, tuple[object, Any]] | None = None,
     ) -> JobSpec:
+        """Validate one job into a spec (checks in this order: id, name, payload,
+        due time, max_attempts, backoff, misfire).
+
+        ``ids`` and ``options`` speed up a batch: ids drawn from one source, and
+        backoff / misfire values that are the very same immutable object as an
+        earlier item's parsed only once.
+        """
+        if job_id is not None:
+            job_id = check_job_id(job_id)
+        elif ids is not None:
+            job_id = ids.next()
+        else:
+            job_id = _new_id(now)
         return JobSpec(
-            id=_new_id(now) if job_id is None else check_job_id(job_id),
+            id=job_id,
             name=_check_name(name),
-            payload=encode_payload(payload, max_bytes=self.max_payload_bytes),
+            payload=self._encode(payload),
             run_at=self._run_at(delay, at, now),
             max_attempts=(
                 self._default_max_attempts
                 if max_attempts is None
                 else self._check_max_attempts(max_attempts)
             ),
-            backoff=self._default_backoff if backoff is None else self._backoff_spec(backoff),
-            misfire=self._default_misfire if misfire is None else self._misfire_spec(misfire),
+            backoff=(
+                self._default_backoff
+                if backoff is None
+                else _parsed(options, backoff, self._backoff_spec)
+            ),
+            misfire=(
+                self._default_misfire
+                if misfire is None
+                else _parsed(options, misfire, self._misfire_spec)
+            ),
             created_at=now,
         )
+
+    def _encode(self, payload: Any) -> str:
+        """``payload`` as compact JSON text, size-checked.
+
+        Plain JSON data (the usual case) is encoded at once without the checking
+        walk of :func:`~delayq.codec.encode_payload`, which gives the same text;
+        anything else, and every error, takes that checked path, so bad input
+        gets the same message naming what is wrong.
+        """
+        if _is_plain(payload):
+            try:
+                text = _encode_plain(payload)
+            except ValueError:
+                pass  # NaN or infinity: the checked path names where
+            else:
+                limit = self.max_payload_bytes
+                if len(text) * 4 <= limit or len(text.encode("utf-8")) <= limit:
+                    return text
+        return encode_payload(payload, max_bytes=self.max_payload_bytes)
 
     @staticmethod
     def _seconds(value: object, field: str) -> float:
@@ -552,6 +681,11 @@ class DelayQ:
         return check_seconds(value, field)
 
     def _run_at(self, delay: object, at: object, now: float) -> float:
+        if at is None and (type(delay) is float or type(delay) is int):
+            # The hot path (a plain number of seconds); anything unusual below.
+            seconds = float(delay)
+            if math.isfinite(seconds) and seconds <= MAX_DELAY:
+                return now + max(0.0, seconds)
         if (delay is None) == (at is None):
             raise InvalidOption(
                 "give exactly one of delay= (seconds from now) or at= (an aware datetime or "

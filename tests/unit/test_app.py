@@ -10,11 +10,14 @@ import pytest
 
 from delayq.app import DelayQ, JobContext
 from delayq.backends.memory import MemoryBackend
+from delayq.backoff import ScheduleBackoff
+from delayq.codec import decode_payload, encode_payload
 from delayq.errors import (
     ConfigurationError,
     InvalidOption,
     InvalidPayload,
     JobConflict,
+    PayloadTooLarge,
 )
 from delayq.job import CancelOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
@@ -174,6 +177,88 @@ def test_schedule_many_conflicting_with_a_stored_job_stores_nothing(app: DelayQ)
     with pytest.raises(JobConflict):
         app.schedule_many([{"name": "a", "delay": 1}, {"name": "a", "delay": 1, "job_id": "taken"}])
     assert app.stats().scheduled == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"order": 42, "items": ["a", "ü", None], "nested": {"ok": True, "x": 1.5}},
+        [1, (2, 3), {"k": [{"deep": "er"}]}],
+        "text",
+        -7,
+        None,
+        {"big": 10**30},
+    ],
+)
+def test_a_stored_payload_is_the_codecs_json_text(app: DelayQ, payload: Any) -> None:
+    stored = app.build("x", payload, delay=0).payload
+    assert stored == encode_payload(payload)
+    [batched] = app.schedule_many([{"name": "x", "payload": payload, "delay": 0}])
+    job = app.get(batched)
+    assert job is not None and job.payload == decode_payload(encode_payload(payload))
+
+
+class _Tagged(int):
+    """An int subclass: JSON data, but not a plain type (takes the checked path)."""
+
+
+def test_payloads_with_unusual_types_take_the_checked_path(app: DelayQ) -> None:
+    assert app.build("x", {"n": _Tagged(3)}, delay=0).payload == '{"n":3}'
+    with pytest.raises(InvalidPayload, match=r"\['bad'\]\[1\]"):
+        app.build("x", {"bad": [1, float("nan")]}, delay=0)
+    with pytest.raises(InvalidPayload, match="key 1"):
+        app.build("x", {"ok": {1: "int key"}}, delay=0)
+    with pytest.raises(InvalidPayload, match="500 levels"):
+        deep: list[Any] = []
+        for _ in range(600):
+            deep = [deep]
+        app.build("x", deep, delay=0)
+
+
+def test_payload_size_is_checked_in_bytes_on_the_fast_path(clock: FakeClock) -> None:
+    with DelayQ("memory://", clock=clock, max_payload_bytes=10) as small:
+        assert small.build("x", "é" * 4, delay=0).payload == '"éééé"'  # 10 bytes
+        with pytest.raises(PayloadTooLarge, match="11 bytes"):
+            small.build("x", "é" * 4 + "x", delay=0)
+
+
+def test_ids_generated_in_one_batch_are_unique_and_share_its_time_prefix(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    ids = app.schedule_many([{"name": "x", "delay": 0}] * 600)
+    assert len(set(ids)) == 600
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert {i[:14] for i in ids} == {f"{int(T0 * 1_000_000):014x}"}
+    clock.advance(1)
+    later = app.schedule_many([{"name": "x", "delay": 0}])
+    assert later[0] > max(ids)
+
+
+def test_a_batch_parses_a_shared_backoff_once_but_never_a_mutable_one_stale(
+    app: DelayQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[object] = []
+    real = DelayQ._backoff_spec
+
+    def counting(value: object) -> dict[str, Any]:
+        parsed.append(value)
+        return real(value)
+
+    monkeypatch.setattr(DelayQ, "_backoff_spec", staticmethod(counting))
+    shared = ScheduleBackoff((2.0, 5.0))
+    ids = app.schedule_many([{"name": "x", "delay": 0, "backoff": shared}] * 3)
+    assert parsed == [shared]
+    assert {tuple(app.get(i).backoff["delays"]) for i in ids} == {(2.0, 5.0)}  # type: ignore[union-attr]
+
+    delays = [1.0]
+
+    def growing() -> Iterator[dict[str, Any]]:
+        for n in range(3):
+            yield {"name": "x", "delay": 0, "backoff": delays}
+            delays.append(float(n + 2))
+
+    ids = app.schedule_many(growing())
+    assert [len(app.get(i).backoff["delays"]) for i in ids] == [1, 2, 3]  # type: ignore[union-attr]
 
 
 def test_build_validates_without_storing(app: DelayQ) -> None:
