@@ -2,21 +2,25 @@
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- ARGV[5]   on_conflict: "reject" | "keep" | "replace"
--- ARGV[6]   n, the number of jobs; then 8 fields per job from ARGV[7]:
---           id, name, payload, run_at (s), max_attempts, backoff (JSON), misfire,
---           created_at (s; 0 = now)
+-- ARGV[6]   n, the number of jobs
+-- ARGV[7]   p, the number of profiles: the fields that jobs of one batch usually
+--           share, sent once; then 5 fields per profile from ARGV[8]:
+--           name, max_attempts, backoff (JSON), misfire, created_at (s; 0 = now)
+-- then 4 fields per job from ARGV[8 + 5p]: id, payload, run_at (s), profile (1..p)
 -- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced",
 -- or {"conflict", id, state} when nothing was stored.
 local on_conflict = ARGV[5]
 local n = tonumber(ARGV[6])
-local FIELDS = 8
+local p = tonumber(ARGV[7])
+local PROFILE_FIELDS, FIELDS = 5, 4
+local FIRST = 8 + p * PROFILE_FIELDS
 
 -- Pass 1: decide every outcome before writing anything (a failing check must
 -- leave the store untouched; Lua scripts do not roll back).
 local outcomes = {}
 local seen = {}
 for i = 0, n - 1 do
-  local id = ARGV[7 + i * FIELDS]
+  local id = ARGV[FIRST + i * FIELDS]
   local state = seen[id] or live_state(job_key(id), id)
   if not state then
     outcomes[i] = 'created'
@@ -36,6 +40,15 @@ end
 -- their hash in one HSET, and the due set in ZADDs of up to 500 jobs.
 local before = head_score()
 local now = fmt(NOW)
+local profiles = {}
+for j = 1, p do
+  local base = 8 + (j - 1) * PROFILE_FIELDS
+  local created_at = ARGV[base + 4]
+  if tonumber(created_at) == 0 then
+    created_at = now
+  end
+  profiles[j] = {ARGV[base], ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], created_at}
+end
 local fresh = 0
 for i = 0, n - 1 do
   if outcomes[i] ~= 'kept' then
@@ -46,7 +59,7 @@ local seq = redis.call('INCRBY', K_SEQ, fresh) - fresh
 local zadd = {}
 local result = {'ok', 0}
 for i = 0, n - 1 do
-  local base = 7 + i * FIELDS
+  local base = FIRST + i * FIELDS
   local id = ARGV[base]
   local key = job_key(id)
   if outcomes[i] == 'replaced' then
@@ -64,16 +77,13 @@ for i = 0, n - 1 do
   end
   if outcomes[i] ~= 'kept' then
     seq = seq + 1
-    local created_at = ARGV[base + 7]
-    if tonumber(created_at) == 0 then
-      created_at = now
-    end
-    local run_at = ARGV[base + 3]
+    local run_at = ARGV[base + 2]
+    local profile = profiles[tonumber(ARGV[base + 3])]
     local member = string.format('%016d', seq) .. id
     redis.call('HSET', key,
-      'name', ARGV[base + 1], 'payload', ARGV[base + 2], 'run_at', run_at,
-      'state', 'scheduled', 'attempts', 0, 'max_attempts', ARGV[base + 4],
-      'backoff', ARGV[base + 5], 'misfire', ARGV[base + 6], 'created_at', created_at,
+      'name', profile[1], 'payload', ARGV[base + 1], 'run_at', run_at,
+      'state', 'scheduled', 'attempts', 0, 'max_attempts', profile[2],
+      'backoff', profile[3], 'misfire', profile[4], 'created_at', profile[5],
       'updated_at', now, 'seq', seq)
     local score = tonumber(run_at) * 1000
     zadd[#zadd + 1] = score
