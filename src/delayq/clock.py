@@ -51,6 +51,15 @@ class Clock(Protocol):
         """
         ...
 
+    def wait_until(self, condition: threading.Condition, deadline: float | None) -> bool:
+        """Wait on ``condition`` (lock held) until monotonic time ``deadline``.
+
+        The absolute form of :meth:`wait`: a deadline computed from an item's
+        due time cannot drift if the clock moves between reading it and waiting.
+        Returns False when the deadline passed, True when notified.
+        """
+        ...
+
     async def sleep_async(self, seconds: float) -> None:
         """Suspend the calling coroutine for ``seconds`` of this clock's time."""
         ...
@@ -79,6 +88,11 @@ class SystemClock:
         if timeout is not None and timeout <= 0:
             return False
         return condition.wait(timeout)
+
+    def wait_until(self, condition: threading.Condition, deadline: float | None) -> bool:
+        if deadline is None:
+            return condition.wait()
+        return self.wait(condition, deadline - _time.monotonic())
 
     async def sleep_async(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

@@ -98,10 +98,13 @@ class FakeClock:
     # -- waiting -----------------------------------------------------------
     def _register(self, timeout: float, wake: Callable[[], None]) -> _Waiter:
         with self._lock:
-            w = _Waiter(self._mono0 + self._elapsed + timeout, wake, next(self._seq))
-            self._waiters[w.seq] = w
-            self._changed.notify_all()
-            return w
+            return self._register_locked(self._mono0 + self._elapsed + timeout, wake)
+
+    def _register_locked(self, deadline: float, wake: Callable[[], None]) -> _Waiter:
+        w = _Waiter(deadline, wake, next(self._seq))
+        self._waiters[w.seq] = w
+        self._changed.notify_all()
+        return w
 
     def _unregister(self, w: _Waiter) -> None:
         with self._lock:
@@ -124,6 +127,26 @@ class FakeClock:
         finally:
             self._unregister(w)
         return self.monotonic() < w.deadline
+
+    def wait_until(self, condition: threading.Condition, deadline: float | None) -> bool:
+        if deadline is None:
+            condition.wait()
+            return True
+
+        def wake() -> None:
+            with condition:
+                condition.notify_all()
+
+        with self._lock:
+            # Checked and registered under one lock: an advance() cannot slip in between.
+            if self._mono0 + self._elapsed >= deadline:
+                return False
+            w = self._register_locked(deadline, wake)
+        try:
+            condition.wait()
+        finally:
+            self._unregister(w)
+        return self.monotonic() < deadline
 
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:
