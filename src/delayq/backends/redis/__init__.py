@@ -529,17 +529,23 @@ class RedisBackend:
         # created_at: send each such "profile" once and 4 fields per job (see
         # enqueue.lua), half the arguments to pack, send and read.
         profiles: dict[tuple[Any, ...], int] = {}
+        backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
         head: list[Any] = [on_conflict, len(specs), 0]
         body: list[Any] = []
         for spec in specs:
-            key = (spec.name, spec.max_attempts, id(spec.backoff), spec.misfire, spec.created_at)
+            backoff = backoffs.get(id(spec.backoff))
+            if backoff is None:
+                backoff = backoffs[id(spec.backoff)] = json.dumps(
+                    spec.backoff, separators=(",", ":")
+                )
+            key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
             profile = profiles.get(key)
             if profile is None:
                 profile = profiles[key] = len(profiles) + 1
                 head += (
                     spec.name,
                     spec.max_attempts,
-                    json.dumps(spec.backoff, separators=(",", ":")),
+                    backoff,
                     spec.misfire,
                     repr(float(spec.created_at)),
                 )
