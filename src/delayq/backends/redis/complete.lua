@@ -11,7 +11,8 @@
 -- {0, state, token} when that entry's claim is stale.
 local n = tonumber(ARGV[5])
 local FIELDS = 5
-local before = head_score()
+-- The head of the due set before the first retry (acks and buries do not move it).
+local before = nil
 local retried = false
 local result = {0}
 for i = 0, n - 1 do
@@ -23,8 +24,11 @@ for i = 0, n - 1 do
     result[#result + 1] = is_stale
   else
     if state == 'scheduled' then
+      if not retried then
+        before = head_score()
+        retried = true
+      end
       retry_job(key, id, ARGV[base + 3], ARGV[base + 4])
-      retried = true
     elseif state == 'dead' then
       redis.call('ZREM', K_RUNNING, id)
       bury(key, id, ARGV[base + 4])
