@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
 
 .PHONY: demo test bench lint
 
@@ -12,6 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The benchmark's own environment: delayq plus the peers it is compared with
+# (never delayq dependencies).
+$(BENCH_STAMP): pyproject.toml bench/requirements-peers.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[redis]' -r bench/requirements-peers.txt
+	touch $(BENCH_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/delayq demo
 
@@ -20,8 +30,8 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadgroup
 
-bench: $(STAMP)
-	$(PY) -m bench
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
