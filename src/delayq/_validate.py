@@ -9,6 +9,7 @@ from numbers import Real
 from delayq.errors import InvalidDelay, InvalidJobId
 
 MAX_JOB_ID_LENGTH = 255
+_INF = math.inf
 
 
 def check_seconds(value: object, name: str = "delay") -> float:
@@ -18,6 +19,14 @@ def check_seconds(value: object, name: str = "delay") -> float:
     NaN and infinities. Negative values are allowed here: callers treat them
     as "already due".
     """
+    # Fast paths for the exact built-in types (the ``Real`` ABC check below
+    # costs several times more); anything else, including NaN, inf and
+    # subclasses, takes the full checks and gets the same errors.
+    if type(value) is float:
+        if -_INF < value < _INF:  # False for NaN and the infinities
+            return value
+    elif type(value) is int:
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidDelay(
             f"{name} must be a number of seconds (int or float), got {value!r} "
