@@ -22,7 +22,7 @@ from typing import Any, Protocol, Self
 
 from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidDelay, InvalidOption, QueueClosed
+from delayq.errors import InvalidDelay, InvalidOption
 from delayq.timers.base import DROPPED, TimerHandle, _Ticks
 
 __all__ = [
@@ -186,23 +186,25 @@ def _deadline_key(handle: TimerHandle) -> float:
 class WheelCore(Protocol):
     """What :class:`WheelTimer` needs from a pure wheel core.
 
-    The driver protocol: before sleeping, the driver sets ``_sleep_tick`` to
-    the tick it sleeps until (``_next_tick()``, or inf); ``_add`` notifies
-    ``_cond`` and resets it to -inf when a new handle's bucket expires
-    earlier. While the driver is awake ``_sleep_tick`` is -inf, so schedules
-    do not notify at all.
+    The driver protocol: the core's ``schedule_at`` and its handles'
+    ``cancel`` take ``_lock``, which the driver replaces with its own; the
+    driver calls everything else under that lock. Before sleeping, the driver
+    sets ``_sleep_tick`` to the tick it sleeps until (``_next_tick()``, or
+    inf); a schedule whose bucket expires earlier resets it to -inf and
+    notifies ``_cond``. While the driver is awake ``_sleep_tick`` is -inf, so
+    schedules do not notify at all. ``_closed`` makes ``schedule_at`` raise
+    :class:`~delayq.errors.QueueClosed`.
     """
 
-    _lock: threading.Lock | None
+    _lock: threading.Lock
     _cond: threading.Condition | None
+    _closed: bool
     _sleep_tick: float
     _ticks: _Ticks
 
-    def _add(
-        self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...]
-    ) -> TimerHandle:
-        """Link a new handle (``deadline`` already validated); raise QueueFull when full."""
-        ...
+    def schedule_at(
+        self, deadline: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle: ...
 
     def _next_tick(self) -> int | None: ...
 
@@ -216,12 +218,16 @@ class WheelCore(Protocol):
 class WheelTimer(TimerBase):
     """A driver thread around a pure wheel core.
 
-    Lock rule: ``_lock`` guards the core (including its ``_sleep_tick``),
-    ``_closed`` and ``_in_flight``; ``_cond`` is the condition on it that the
-    driver sleeps on. The core's handles cancel through the same lock (the
-    core is given it as ``_lock``, and ``_cond`` to wake the driver). The
-    driver holds the lock only while it calls the core, never while it hands
-    callbacks to the executor.
+    Lock rule: ``_lock`` guards the core (including its ``_sleep_tick`` and
+    ``_closed``), ``_closed`` and ``_in_flight``; ``_cond`` is the condition
+    on it that the driver sleeps on. The core's ``schedule_at`` and its
+    handles' ``cancel`` take the same lock (the core is given it as
+    ``_lock``, and ``_cond`` to wake the driver). The driver holds the lock
+    only while it calls the core, never while it hands callbacks to the
+    executor.
+
+    ``schedule_at`` is the core's own bound method (assigned per instance):
+    a schedule is then one Python call, validation and locking included.
     """
 
     def __init__(
@@ -240,20 +246,17 @@ class WheelTimer(TimerBase):
         self._core = core
         core._lock = self._lock
         core._cond = self._cond
-        self._add = core._add
+        self.schedule_at = core.schedule_at  # type: ignore[method-assign]  # the hot path
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
-        """Run ``fn(*args)`` at or after monotonic ``deadline`` (in the past: now)."""
-        if not (deadline.__class__ is float and -_INF < deadline < _INF):
-            deadline = check_seconds(deadline, "deadline")
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r}")
-        with self._lock:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            return self._add(deadline, fn, args)
+        """Run ``fn(*args)`` at or after monotonic ``deadline`` (in the past: now).
+
+        (Each instance binds this name to its core's ``schedule_at``, which
+        does the same; this definition documents it and serves class-level calls.)
+        """
+        return self._core.schedule_at(deadline, fn, *args)
 
     def pending(self) -> int:
         """How many callbacks wait for their deadline."""
@@ -263,23 +266,27 @@ class WheelTimer(TimerBase):
         cond = self._cond
         core = self._core
         clock = self._clock
+        monotonic = clock.monotonic
+        wait_until = clock.wait_until
+        boundary = core._ticks.boundary
         while True:
             with cond:
                 while True:
                     if self._closed:
                         return
-                    now = clock.monotonic()
-                    due = core.advance(now)
+                    due = core.advance(monotonic())
                     if due:
                         self._in_flight += len(due)
                         break
                     tick = core._next_tick()
                     if tick is None:
                         core._sleep_tick = _INF
-                        clock.wait(cond, None)
+                        wait_until(cond, None)
                     else:
                         core._sleep_tick = tick
-                        clock.wait(cond, core._ticks.boundary(tick) - now)
+                        # An absolute deadline: time that passes between
+                        # reading the clock and waiting cannot make it late.
+                        wait_until(cond, boundary(tick))
                     core._sleep_tick = -_INF  # awake: schedules need not notify
             try:
                 self._dispatch(due)
@@ -290,6 +297,7 @@ class WheelTimer(TimerBase):
     def _stop_driver(self) -> list[TimerHandle]:
         with self._cond:
             self._closed = True
+            self._core._closed = True
             self._cond.notify_all()
             dropped = self._core.clear()
         if threading.current_thread() is not self._thread:

@@ -29,6 +29,7 @@ fires up to one tick late (the seed measured about 30 ms mean error with
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -36,13 +37,15 @@ from typing import Any
 
 from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueFull
+from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
-from delayq.timers.base import CANCELLED, DROPPED, EXPIRED, TimerHandle, _Node, _Ticks
+from delayq.timers.base import DROPPED, EXPIRED, LinkedHandle, TimerHandle, _Node, _Ticks
 
 __all__ = ["HashedWheel", "HashedWheelTimer"]
 
 _INF = math.inf
+_ceil = math.ceil
+_NO_LIMIT = sys.maxsize
 
 
 class _Slot(_Node):
@@ -74,15 +77,18 @@ class HashedWheel:
     O(1); ``advance`` visits each passed slot once (or, after a gap longer
     than a turn, each slot once with the number of passes precomputed).
 
-    Not thread-safe by itself: :class:`HashedWheelTimer` calls it under its
-    lock and sets ``_lock`` so ``handle.cancel()`` takes that lock too (and
-    ``_cond``, to wake its driver when a schedule needs an earlier wake-up).
+    ``schedule_at`` and ``handle.cancel()`` take ``_lock``; ``advance`` and
+    ``clear`` do not, their caller holds it. :class:`HashedWheelTimer`
+    replaces ``_lock`` with its driver's lock (and sets ``_cond``, to wake the
+    driver when a schedule needs an earlier wake-up, and ``_closed`` on stop).
     """
 
     __slots__ = (
+        "_closed",
         "_cond",
         "_count",
         "_current",
+        "_limit",
         "_lock",
         "_max_pending",
         "_overdue",
@@ -105,8 +111,12 @@ class HashedWheel:
         self._current = 0
         self._count = 0
         self._max_pending = check_max_pending(max_pending)
-        self._lock: threading.Lock | None = None  # the driver's lock, for cancel()
+        self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
+        # Guards schedule and cancel; a driver replaces it with its own lock,
+        # under which it also calls advance() and clear().
+        self._lock = threading.Lock()
         self._cond: threading.Condition | None = None  # the driver's condition, to wake it
+        self._closed = False  # set by the driver when its timer stops
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
 
@@ -140,45 +150,69 @@ class HashedWheel:
 
     # -- scheduling -------------------------------------------------------------
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
-        """Add ``fn(*args)`` due at ``deadline``; a past deadline is due at the next advance."""
-        return self._add(check_seconds(deadline, "deadline"), fn, args)
+        """Add ``fn(*args)`` due at ``deadline``; a past deadline is due at the next advance.
 
-    def _add(
-        self, deadline: float, fn: Callable[..., object], args: tuple[Any, ...]
-    ) -> TimerHandle:
-        if self._max_pending is not None and self._count >= self._max_pending:
-            raise QueueFull(
-                f"the wheel holds max_pending={self._max_pending} pending timers; "
-                "cancel some or create the timer with a larger max_pending"
-            )
-        handle = TimerHandle(deadline, fn, args, self)
+        Thread-safe (takes ``_lock``). This is also the bound method a
+        :class:`HashedWheelTimer` exposes as its own ``schedule_at``, so the
+        whole call, validation included, is one Python frame.
+        """
+        if not (deadline.__class__ is float and -_INF < deadline < _INF):
+            deadline = check_seconds(deadline, "deadline")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        handle = LinkedHandle()
+        handle._deadline = deadline
+        handle._fn = fn
+        handle._args = args
         ticks = self._ticks
         start, tick = ticks.start, ticks.tick
-        due = math.ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
-        current = self._current
-        if due <= current:
-            slot = self._overdue
-            wake = current
-        else:
-            wheel = self._wheel
-            size = len(wheel)
-            handle._n = (due - current - 1) // size
-            slot = wheel[due % size]
-            wake = current + 1
-        last = slot._prev
-        handle._prev = last
-        handle._next = slot
-        last._next = handle
-        slot._prev = handle
-        self._count += 1
-        if wake < self._sleep_tick and self._cond is not None:
-            self._sleep_tick = -_INF
-            self._cond.notify()
+        # acquire/release in try/finally: about 80 ns cheaper than ``with``.
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                raise QueueClosed("cannot schedule on a stopped timer")
+            if self._count >= self._limit:
+                raise self._full()
+            handle._link = self
+            current = self._current
+            if due <= current:
+                slot = self._overdue
+                handle._n = 0
+                wake = current
+            else:
+                wheel = self._wheel
+                size = len(wheel)
+                handle._n = (due - current - 1) // size
+                slot = wheel[due % size]
+                wake = current + 1
+            last = slot._prev
+            handle._prev = last
+            handle._next = slot
+            last._next = handle
+            slot._prev = handle
+            self._count += 1
+            if wake < self._sleep_tick:  # only while a driver sleeps past it
+                self._sleep_tick = -_INF
+                self._wake()
+        finally:
+            lock.release()
         return handle
+
+    def _full(self) -> QueueFull:
+        return QueueFull(
+            f"the wheel holds max_pending={self._max_pending} pending timers; "
+            "cancel some or create the timer with a larger max_pending"
+        )
+
+    def _wake(self) -> None:
+        if self._cond is not None:
+            self._cond.notify()
 
     def rounds_of(self, handle: TimerHandle) -> int:
         """How many more times the pointer passes ``handle``'s slot before it fires."""
@@ -197,28 +231,7 @@ class HashedWheel:
         return -1 if node is self._overdue else self._wheel.index(node)
 
     def _cancel(self, handle: TimerHandle) -> bool:
-        lock = self._lock
-        if lock is None:
-            return self._remove(handle)
-        with lock:
-            if handle._link is not self:
-                return False
-            prev, nxt = handle._prev, handle._next
-            prev._next = nxt
-            nxt._prev = prev
-            handle._link = CANCELLED
-            self._count -= 1
-            return True
-
-    def _remove(self, handle: TimerHandle) -> bool:
-        if handle._link is not self:
-            return False
-        prev, nxt = handle._prev, handle._next
-        prev._next = nxt
-        nxt._prev = prev
-        handle._link = CANCELLED
-        self._count -= 1
-        return True
+        return LinkedHandle.cancel(handle)  # type: ignore[arg-type]  # handles are linked
 
     # -- time ---------------------------------------------------------------------
     def next_expiration(self) -> float | None:

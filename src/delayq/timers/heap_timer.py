@@ -79,7 +79,11 @@ class DelayQueueTimer(TimerBase):
                     f"the timer holds max_pending={self._max_pending} pending timers; "
                     "cancel some or create the timer with a larger max_pending"
                 )
-            handle = TimerHandle(deadline, fn, args, self)
+            handle = TimerHandle()
+            handle._deadline = deadline
+            handle._fn = fn
+            handle._args = args
+            handle._link = self
             live = self._live
             last = live._prev
             handle._prev = last
