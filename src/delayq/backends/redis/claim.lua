@@ -90,9 +90,9 @@ if claimed > 0 and (not next_ms or lease_ms < next_ms)
   wake = true
   result[4] = 1
 end
-if wake then
+-- At most one token: a token nobody took yet already wakes the next waiter.
+if wake and redis.call('LLEN', K_WAKE) == 0 then
   redis.call('LPUSH', K_WAKE, '1')
-  redis.call('LTRIM', K_WAKE, 0, 0)
 end
 local lease_head = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
 if lease_head[2] and (not next_ms or tonumber(lease_head[2]) < next_ms) then
