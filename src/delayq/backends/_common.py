@@ -6,12 +6,15 @@ Not public API: backends import from here; users see the errors it builds.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, StaleClaim
 from delayq.job import Claim, JobState
 
 __all__ = [
+    "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
     "TTL_STATES",
     "check_ack_state",
@@ -122,3 +125,30 @@ def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> Stal
         f"claim on job {claim.job.id!r} (token {claim.token}) is stale: the job {now}; "
         f"its lease expired and the job was returned to the due set or finished elsewhere"
     )
+
+
+class CompletesInBatches:
+    """``ack`` / ``retry`` / ``bury`` as one-entry batches of ``complete``.
+
+    For stores whose single calls are just a batch of one (memory, SQLite), so
+    the rules live in one place: the store's ``complete``.
+    """
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        raise NotImplementedError
+
+    def ack(
+        self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
+    ) -> None:
+        self._complete_one(Completion.ack(claim, state=check_ack_state(state), outcome=outcome))
+
+    def retry(self, claim: Claim, run_at: float, error: str) -> None:
+        self._complete_one(Completion.retry(claim, check_run_at(run_at), error))
+
+    def bury(self, claim: Claim, error: str) -> None:
+        self._complete_one(Completion.bury(claim, error))
+
+    def _complete_one(self, completion: Completion) -> None:
+        [stale] = self.complete([completion])
+        if stale is not None:
+            raise stale

@@ -19,7 +19,7 @@ from typing import Any
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     TTL_STATES,
-    check_ack_state,
+    CompletesInBatches,
     check_lease,
     check_limit,
     check_max_wait,
@@ -90,7 +90,7 @@ class _Record:
         )
 
 
-class MemoryBackend:
+class MemoryBackend(CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -355,22 +355,6 @@ class MemoryBackend:
                 heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
                 claims.append(Claim(rec.to_job(), rec.token, rec.lease_until, at))
             return claims
-
-    def ack(
-        self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
-    ) -> None:
-        self._complete_one(Completion.ack(claim, state=check_ack_state(state), outcome=outcome))
-
-    def retry(self, claim: Claim, run_at: float, error: str) -> None:
-        self._complete_one(Completion.retry(claim, check_run_at(run_at), error))
-
-    def bury(self, claim: Claim, error: str) -> None:
-        self._complete_one(Completion.bury(claim, error))
-
-    def _complete_one(self, completion: Completion) -> None:
-        [stale] = self.complete([completion])
-        if stale is not None:
-            raise stale
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         items = Completion.batch(batch)

@@ -54,7 +54,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     TTL_STATES,
-    check_ack_state,
+    CompletesInBatches,
     check_lease,
     check_limit,
     check_max_wait,
@@ -200,7 +200,7 @@ def _check_busy_timeout(value: object) -> float:
     return float(value)
 
 
-class SQLiteBackend:
+class SQLiteBackend(CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the module docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -624,22 +624,6 @@ class SQLiteBackend:
             )
             claims.append(Claim(job, last + 1 + i, lease_until, at))
         return claims
-
-    def ack(
-        self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
-    ) -> None:
-        self._complete_one(Completion.ack(claim, state=check_ack_state(state), outcome=outcome))
-
-    def retry(self, claim: Claim, run_at: float, error: str) -> None:
-        self._complete_one(Completion.retry(claim, check_run_at(run_at), error))
-
-    def bury(self, claim: Claim, error: str) -> None:
-        self._complete_one(Completion.bury(claim, error))
-
-    def _complete_one(self, completion: Completion) -> None:
-        [stale] = self.complete([completion])
-        if stale is not None:
-            raise stale
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` in one ``BEGIN IMMEDIATE`` transaction.
