@@ -9,6 +9,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge behaviour, not speed: on a loaded 2-core CI machine a slow
+# example must not fail a run (speed targets live in bench/).
+settings.register_profile(
+    "delayq", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "delayq"))
 
 REQUIRE_SERVICES = os.environ.get("DELAYQ_REQUIRE_SERVICES") == "1"
 
