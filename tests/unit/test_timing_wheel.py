@@ -139,10 +139,85 @@ def test_the_timer_sleeps_until_the_head_bucket_and_wakes_for_an_earlier_one() -
         assert repr(timer).startswith("<TimingWheel running tick=0.001 wheel_size=20")
 
 
+def test_a_big_upper_bucket_moves_down_a_level_ahead_of_its_expiry_in_bounded_steps() -> None:
+    wheel = HierarchicalWheel(tick=1.0, wheel_size=20, start=0.0, early_cascade=4)
+    deadlines = [800.0 + 37 * i % 400 for i in range(10)]  # the level-2 bucket [800, 1200)
+    handles = [wheel.schedule_at(d, noop) for d in deadlines]
+    assert {wheel.level_of(h) for h in handles} == {2}
+    assert wheel.next_early_cascade() == 400.0  # one bucket width (400 ticks) before it expires
+    assert wheel.next_expiration() == 800.0
+    assert wheel.advance(399.0) == []
+    assert wheel.cascade_early(100) == 0  # not the level's next bucket yet
+    assert wheel.advance(400.0) == []
+    assert wheel.cascade_early(3) == 3  # bounded
+    assert sorted(wheel.level_of(h) for h in handles) == [1, 1, 1] + [2] * 7
+    assert wheel.cascade_early(100) == 7
+    assert {wheel.level_of(h) for h in handles} == {1}  # into the level-1 ring's next turn
+    assert wheel.cascade_early(100) == 0
+    assert wheel.next_expiration() == 800.0  # the level-1 bucket [800, 820) now
+    fired = [h for now in range(401, 1201, 7) for h in wheel.advance(float(now))]
+    fired += wheel.advance(1200.0)
+    assert fired == sorted(handles, key=lambda h: h.deadline)
+    assert all(h.deadline <= 1200.0 for h in fired)
+
+
+def test_small_upper_buckets_wait_for_their_expiry() -> None:
+    wheel = HierarchicalWheel(tick=1.0, wheel_size=20, start=0.0, early_cascade=4)
+    handles = [wheel.schedule_at(900.0 + i, noop) for i in range(3)]
+    assert wheel.next_early_cascade() is None
+    wheel.advance(500.0)
+    assert wheel.cascade_early(100) == 0
+    assert {wheel.level_of(h) for h in handles} == {2}
+
+
+def test_a_bucket_emptied_early_can_be_cascaded_early_again() -> None:
+    wheel = HierarchicalWheel(tick=1.0, wheel_size=20, start=0.0, early_cascade=2)
+    wheel.advance(500.0)
+    first = [wheel.schedule_at(1100.0 + i, noop) for i in range(2)]  # level 2 [800, 1200)
+    assert wheel.cascade_early(100) == 2
+    again = [wheel.schedule_at(1150.0 + i, noop) for i in range(2)]  # back into that bucket
+    assert {wheel.level_of(h) for h in again} == {2}
+    assert wheel.cascade_early(100) == 2
+    assert {wheel.level_of(h) for h in first + again} == {1}
+    assert wheel.advance(1200.0) == first + again
+
+
+def test_early_cascade_option_is_validated() -> None:
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(InvalidOption):
+            HierarchicalWheel(early_cascade=bad)  # type: ignore[arg-type]
+    wheel = HierarchicalWheel(tick=1.0, wheel_size=20, start=0.0, early_cascade=None)
+    for i in range(300):
+        wheel.schedule_at(900.0 + i, noop)
+    assert wheel.next_early_cascade() is None
+
+
+def test_the_timer_cascades_a_big_bucket_while_idle_before_it_expires() -> None:
+    clock = FakeClock(monotonic_start=0.0)
+    with TimingWheel(clock=clock, early_cascade=8) as timer:
+        handles = [timer.schedule_at(0.8 + i / 100, noop) for i in range(30)]  # [800, 1200) ms
+        core = timer._core
+
+        def levels() -> set[int | None]:
+            with timer._lock:
+                return {core.level_of(h) for h in handles}
+
+        assert levels() == {2}
+        assert clock.wait_for_waiters(1)
+        assert clock.next_deadline() == pytest.approx(0.4)  # wakes early for the cascade
+        clock.advance(0.4)
+        assert wait_until(lambda: levels() == {1}, timeout=10)  # before their bucket expires
+        assert wait_until(lambda: clock.next_deadline() == pytest.approx(0.8), timeout=10)
+        assert timer.pending() == 30
+
+
 # -- both wheels against a heap model ------------------------------------------------
 
 CORES: dict[str, Any] = {
     "hierarchical": lambda size: HierarchicalWheel(tick=1.0, wheel_size=size, start=0.0),
+    "hierarchical_early": lambda size: HierarchicalWheel(
+        tick=1.0, wheel_size=size, start=0.0, early_cascade=1
+    ),
     "hashed": lambda size: HashedWheel(tick=1.0, slots=size, start=0.0),
 }
 
@@ -152,6 +227,7 @@ operations = st.lists(
         st.tuples(st.just("schedule"), st.integers(0, 500).map(float)),
         st.tuples(st.just("cancel"), st.integers(0, 10_000)),
         st.tuples(st.just("advance"), st.floats(0.0, 400.0, allow_nan=False)),
+        st.tuples(st.just("cascade_early"), st.integers(1, 5).map(float)),
     ),
     max_size=80,
 )
@@ -164,7 +240,8 @@ def test_fired_tasks_and_their_order_match_a_heap_model(
     core: str, size: int, ops: list[tuple[str, float]]
 ) -> None:
     """With tick 1.0 from 0.0, a task due at d fires at the first advance(now) with
-    now >= ceil(d); tasks fire in (deadline, scheduling order)."""
+    now >= ceil(d); tasks fire in (deadline, scheduling order), whatever early
+    cascading happened in between."""
     wheel = CORES[core](size)
     handles: list[TimerHandle] = []
     model: list[tuple[float, int]] = []  # heap of (deadline, seq)
@@ -181,6 +258,8 @@ def test_fired_tasks_and_their_order_match_a_heap_model(
             assert handles[seq].cancel() is expected
             if expected:
                 cancelled.add(seq)
+        elif op == "cascade_early":
+            wheel.cascade_early(int(value))  # moves tasks between buckets, never fires one
         elif op == "advance":
             now += value
             fired = [h.args[0] for h in wheel.advance(now)]

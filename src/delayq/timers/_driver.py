@@ -44,6 +44,7 @@ DEFAULT_WORKERS = 4
 
 _local = threading.local()
 _INF = float("inf")
+_EARLY_STEP = 256  # tasks a wheel may cascade early per driver step (~0.1-0.2 ms)
 
 
 def _log_error(handle: TimerHandle, exc: Exception) -> None:
@@ -188,10 +189,12 @@ class WheelCore(Protocol):
 
     The driver protocol: the core's ``schedule_at`` and its handles'
     ``cancel`` take ``_lock``, which the driver replaces with its own; the
-    driver calls everything else under that lock. Before sleeping, the driver
-    sets ``_sleep_tick`` to the tick it sleeps until (``_next_tick()``, or
-    inf); a schedule whose bucket expires earlier resets it to -inf and
-    notifies ``_cond``. While the driver is awake ``_sleep_tick`` is -inf, so
+    driver calls everything else under that lock. When ``advance`` has
+    nothing due, the driver gives the core a bounded step of early work
+    (``cascade_early``) before it sleeps. Before sleeping, it sets
+    ``_sleep_tick`` to the tick it sleeps until (``_next_tick()``, or inf); a
+    schedule whose bucket expires earlier (or that creates early work sooner)
+    resets it to -inf and notifies ``_cond``. While the driver is awake ``_sleep_tick`` is -inf, so
     schedules do not notify at all. ``_closed`` makes ``schedule_at`` raise
     :class:`~delayq.errors.QueueClosed`.
     """
@@ -207,6 +210,8 @@ class WheelCore(Protocol):
     ) -> TimerHandle: ...
 
     def _next_tick(self) -> int | None: ...
+
+    def cascade_early(self, max_tasks: int = ...) -> int: ...
 
     def advance(self, now: float) -> list[TimerHandle]: ...
 
@@ -269,6 +274,7 @@ class WheelTimer(TimerBase):
         monotonic = clock.monotonic
         wait_until = clock.wait_until
         boundary = core._ticks.boundary
+        cascade_early = core.cascade_early
         while True:
             with cond:
                 while True:
@@ -278,6 +284,8 @@ class WheelTimer(TimerBase):
                     if due:
                         self._in_flight += len(due)
                         break
+                    if cascade_early(_EARLY_STEP):
+                        break  # one bounded step; others may take the lock in between
                     tick = core._next_tick()
                     if tick is None:
                         core._sleep_tick = _INF
@@ -288,6 +296,8 @@ class WheelTimer(TimerBase):
                         # reading the clock and waiting cannot make it late.
                         wait_until(cond, boundary(tick))
                     core._sleep_tick = -_INF  # awake: schedules need not notify
+            if not due:
+                continue
             try:
                 self._dispatch(due)
             finally:

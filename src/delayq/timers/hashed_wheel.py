@@ -251,6 +251,10 @@ class HashedWheel:
             return None
         return self._current + 1
 
+    def cascade_early(self, max_tasks: int = 256) -> int:
+        """Nothing to do ahead of time on a single ring (the driver protocol); returns 0."""
+        return 0
+
     def advance(self, now: float) -> list[TimerHandle]:
         """Process every tick whose boundary is ``<= now``; return the handles now due.
 
