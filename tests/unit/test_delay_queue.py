@@ -443,3 +443,49 @@ def test_remove_runs_a_users_equality_outside_the_lock(clock) -> None:
     finder = Consumer(lambda: q.remove(Task("b", 0.0)))
     assert finder.join() is True
     assert [t.name for t in q.to_list()] == ["a"]
+
+
+# -- absolute deadlines: time passing between reading the clock and waiting ---------
+
+
+class MovesAfterARead(FakeClock):
+    """A FakeClock that jumps forward right after another thread next reads it,
+    as if the test advanced it between that thread's clock read and its wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jump = 0.0
+        self._armed_by: threading.Thread | None = None
+
+    def jump_after_next_read(self, seconds: float) -> None:
+        """Arm: the next ``monotonic()`` from a thread other than the caller's jumps."""
+        self._armed_by = threading.current_thread()
+        self._jump = seconds
+
+    def monotonic(self) -> float:
+        now = super().monotonic()
+        if self._jump and threading.current_thread() is not self._armed_by:
+            seconds, self._jump = self._jump, 0.0
+            self.advance(seconds)
+        return now
+
+
+def test_a_taking_leader_does_not_oversleep_when_time_passes_before_its_wait() -> None:
+    clock = MovesAfterARead()
+    q: DelayQueue[DelayedItem[str]] = DelayQueue(clock=clock)
+    consumer = Consumer(q.take)
+    assert wait_until(lambda: q._waiting == 1, timeout=10)  # untimed: the queue is empty
+    clock.jump_after_next_read(2.0)
+    q.put_at("x", START + 0.5)  # wakes it; 2 s pass just after it reads the clock
+    # It must wait until START + 0.5, which has passed, not for 0.5 s from START + 2.
+    assert consumer.join().value == "x"
+    q.close()
+
+
+def test_a_polling_leader_does_not_oversleep_when_time_passes_before_its_wait() -> None:
+    clock = MovesAfterARead()
+    q: DelayQueue[DelayedItem[str]] = DelayQueue(clock=clock)
+    q.put_at("x", START + 0.5)
+    clock.jump_after_next_read(2.0)  # 2 s pass just after the poller first reads the clock
+    assert Consumer(lambda: q.poll(60.0)).join().value == "x"
+    q.close()

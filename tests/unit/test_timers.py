@@ -348,3 +348,32 @@ def test_the_delay_queue_timer_drops_cancelled_entries_once_they_outnumber_live_
         assert h.names() == [f"t{i}" for i in range(500)]
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("kind", ["hashed_wheel", "timing_wheel"])
+def test_time_passing_between_the_drivers_clock_read_and_its_wait_does_not_delay_it(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(kind)
+    core_type = type(h.timer._core)
+    original = core_type.advance
+    jumps: list[float] = []
+
+    def advance_then_time_passes(self: Any, now: float) -> list[TimerHandle]:
+        due = original(self, now)
+        if jumps:  # the test advances the clock after the driver read it, before it waits
+            h.clock.advance(jumps.pop())
+        return due
+
+    monkeypatch.setattr(core_type, "advance", advance_then_time_passes)
+    try:
+        h.timer.schedule_at(START + 1.0, h.record("x"))
+        assert h.clock.wait_for_waiters(1)
+        wake_at = h.clock.next_deadline()
+        assert wake_at is not None and wake_at < START + 1.0  # a tick, or the upper bucket
+        jumps.append(2.0)
+        h.clock.advance_to(wake_at)  # it wakes with nothing due, then 2 s pass
+        # Its next wait ends at an absolute time that has passed: it must not sleep on.
+        assert wait_until(lambda: h.names() == ["x"], timeout=10)
+    finally:
+        h.close()

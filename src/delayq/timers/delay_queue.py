@@ -150,6 +150,7 @@ class DelayQueue(Generic[T]):
         "_monotonic",
         "_seq",
         "_wait",
+        "_wait_until",
         "_waiting",
     )
 
@@ -158,10 +159,17 @@ class DelayQueue(Generic[T]):
     ) -> None:
         self._clock = clock
         self._monotonic = clock.monotonic
-        # The system clock's wait is Condition.wait; calling it directly saves a
-        # frame per wait on the hot path.
+        # Timed waits: the system clock's wait is Condition.wait, called
+        # directly with a relative timeout (a frame and a clock read less per
+        # wait). Any other clock waits until the absolute deadline
+        # (Clock.wait_until), so a FakeClock advanced between reading the time
+        # and waiting cannot make a consumer oversleep. ``_wait_until`` is None
+        # for the system clock.
         self._wait: Callable[[threading.Condition, float | None], bool] = (
             threading.Condition.wait if type(clock) is SystemClock else clock.wait
+        )
+        self._wait_until: Callable[[threading.Condition, float | None], bool] | None = (
+            None if type(clock) is SystemClock else clock.wait_until
         )
         self._key: Callable[[T], float] = key if key is not None else _deadline_of
         self._lock = threading.Lock()
@@ -237,12 +245,14 @@ class DelayQueue(Generic[T]):
         heap = self._heap
         monotonic = self._monotonic
         wait = self._wait
+        wait_until = self._wait_until
         cond = self._available
         with self._lock:
             try:
                 while True:
                     if heap:
-                        delay = heap[0][0] - monotonic()
+                        deadline = heap[0][0]
+                        delay = deadline - monotonic()
                         if delay <= 0:
                             return heapq.heappop(heap)[2]
                         if self._closed:
@@ -254,7 +264,10 @@ class DelayQueue(Generic[T]):
                             me = threading.get_ident()
                             self._leader = me
                             try:
-                                wait(cond, delay)
+                                if wait_until is None:
+                                    wait(cond, delay)
+                                else:
+                                    wait_until(cond, deadline)
                             finally:
                                 if self._leader == me:
                                     self._leader = None
@@ -291,18 +304,20 @@ class DelayQueue(Generic[T]):
                 return None
         seconds = check_seconds(timeout, "timeout")
         wait = self._wait
+        wait_until = self._wait_until
         cond = self._available
         with self._lock:
-            end = monotonic() + seconds
+            now = monotonic()
+            end = now + seconds
             try:
                 while True:
-                    now = monotonic()
                     if heap:
-                        delay = heap[0][0] - now
+                        head = heap[0][0]
+                        delay = head - now
                         if delay <= 0:
                             return heapq.heappop(heap)[2]
                     else:
-                        delay = _INF
+                        head = delay = _INF
                     if self._closed:
                         raise QueueClosed("DelayQueue is closed and no item is due")
                     remaining = end - now
@@ -311,16 +326,23 @@ class DelayQueue(Generic[T]):
                     self._waiting += 1
                     if remaining < delay or self._leader is not None:
                         # Our own timeout comes first (or someone else leads).
-                        wait(cond, remaining)
+                        if wait_until is None:
+                            wait(cond, remaining)
+                        else:
+                            wait_until(cond, end)
                     else:
                         me = threading.get_ident()
                         self._leader = me
                         try:
-                            wait(cond, delay)
+                            if wait_until is None:
+                                wait(cond, delay)
+                            else:
+                                wait_until(cond, head)
                         finally:
                             if self._leader == me:
                                 self._leader = None
                     self._waiting -= 1
+                    now = monotonic()
             finally:
                 if self._leader is None and heap and self._waiting:
                     cond.notify()
