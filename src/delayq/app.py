@@ -144,10 +144,20 @@ def _name_problem(value: str) -> str | None:
 
 
 def _is_async_callable(fn: Callable[..., Any]) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(type(fn), "__call__", None)  # noqa: B004 - callable instances
-    return call is not None and inspect.iscoroutinefunction(call)
+    """True for an async function, a callable instance with an async ``__call__``,
+    or a sync wrapper (``functools.wraps``) around either: such a wrapper returns
+    the coroutine, which the worker must await, not drop."""
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # a __wrapped__ cycle
+        inner = fn
+    for candidate in (fn, inner) if inner is not fn else (fn,):
+        if inspect.iscoroutinefunction(candidate):
+            return True
+        call = getattr(type(candidate), "__call__", None)  # noqa: B004 - callable instances
+        if call is not None and inspect.iscoroutinefunction(call):
+            return True
+    return False
 
 
 def _takes_context(name: str, fn: Callable[..., Any]) -> bool:
@@ -330,6 +340,11 @@ class DelayQ:
         The function is called as ``fn(payload)`` or, when it accepts a second
         positional argument, ``fn(payload, ctx)`` with a :class:`JobContext`.
         Registering a name twice is an error unless ``replace=True``.
+
+        An async function stays async behind a sync decorator that uses
+        ``functools.wraps`` (it runs on the worker's event loop); whatever a
+        handler returns that is awaitable is awaited before the job counts as
+        succeeded.
         """
         _check_name(name)
 

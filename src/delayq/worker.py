@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import inspect
 import logging
 import math
 import queue
@@ -53,7 +55,7 @@ import signal
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Literal
@@ -197,27 +199,50 @@ class _Pool:
 
 
 class _Loop:
-    """An asyncio event loop on its own daemon thread, for async handlers."""
+    """An asyncio event loop on its own daemon thread, for async handlers.
+
+    Handler code must not end the loop: when ``run_forever`` returns or raises
+    before :meth:`shutdown` (a handler called ``loop.stop()``, or a callback let
+    a ``SystemExit`` escape), the loop is logged and run again, so the tasks on
+    it still finish and report. ``_closing`` is only touched on the loop thread.
+    """
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.loop.run_forever()
+            while True:
+                try:
+                    self.loop.run_forever()
+                except BaseException:
+                    log.exception("delayq worker: an error escaped the asyncio loop")
+                    if self._closing:
+                        return
+                    continue
+                if self._closing:
+                    return
+                log.warning("delayq worker: a handler stopped the asyncio loop; it goes on")
         finally:
             self.loop.close()
 
+    @property
+    def alive(self) -> bool:
+        """True while the loop accepts work (its thread runs and it is not closed)."""
+        return self._thread.is_alive() and not self.loop.is_closed()
+
     def shutdown(self) -> None:
         def cancel_all() -> None:
+            self._closing = True
             for task in asyncio.all_tasks(self.loop):
                 task.cancel()
             self.loop.call_soon(self.loop.stop)
 
-        if self.loop.is_running():
+        with contextlib.suppress(RuntimeError):  # already closed
             self.loop.call_soon_threadsafe(cancel_all)
 
 
@@ -679,36 +704,84 @@ class Worker:
             return
         started = self.clock.monotonic()
         try:
-            handler.call(job.payload, ctx)
+            result = handler.call(job.payload, ctx)
         except BaseException as exc:  # SystemExit from a handler is its failure too
             self._finish(key, rec, exc, self.clock.monotonic() - started)
-        else:
-            self._finish(key, rec, None, self.clock.monotonic() - started)
+            return
+        if inspect.isawaitable(result):
+            # A sync wrapper around an async function (a decorator without
+            # functools.wraps, a lambda): its coroutine runs on the loop, never dropped.
+            self._start_async(key, rec, handler, ctx, awaitable=result, started=started)
+            return
+        self._finish(key, rec, None, self.clock.monotonic() - started)
 
-    def _start_async(self, key: int, rec: _InFlight, handler: Handler, ctx: JobContext) -> None:
+    def _event_loop(self, *, replace: bool = False) -> asyncio.AbstractEventLoop:
+        """The loop for async handlers, started on first use and replaced if it died."""
         with self._loop_lock:
-            if self._loop is None:
+            if self._loop is None or replace or not self._loop.alive:
+                if self._loop is not None:
+                    log.warning("delayq worker: the asyncio loop had stopped; starting a new one")
                 self._loop = _Loop(f"{self.name}-asyncio")
-            loop = self._loop.loop
+            return self._loop.loop
+
+    def _start_async(
+        self,
+        key: int,
+        rec: _InFlight,
+        handler: Handler,
+        ctx: JobContext,
+        *,
+        awaitable: Awaitable[Any] | None = None,
+        started: float | None = None,
+    ) -> None:
+        """Run an async handler (or await what a sync one returned) on the loop thread.
+
+        Every way the handler can end becomes a recorded result: ``invoke``
+        returns the handler's exception, BaseExceptions such as ``SystemExit``
+        included (inside a task they would otherwise escape the loop and end it);
+        only a cancellation propagates, recorded as :class:`_Cancelled` unless
+        the worker abandoned the job at shutdown.
+        """
         clock = self.clock
         payload = rec.claim.job.payload
-
-        async def invoke() -> float:
+        if started is None:
             started = clock.monotonic()
-            await handler.call(payload, ctx)
-            return clock.monotonic() - started
 
-        started = clock.monotonic()
-        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
+        async def invoke() -> BaseException | None:
+            try:
+                result = handler.call(payload, ctx) if awaitable is None else awaitable
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                return exc
+            return None
 
-        def done(f: concurrent.futures.Future[float]) -> None:
+        coro = invoke()
+        try:
+            try:
+                future = asyncio.run_coroutine_threadsafe(coro, self._event_loop())
+            except RuntimeError:  # the loop closed between the check and the call
+                future = asyncio.run_coroutine_threadsafe(coro, self._event_loop(replace=True))
+        except BaseException as exc:
+            coro.close()
+            if awaitable is not None and inspect.iscoroutine(awaitable):
+                awaitable.close()
+            self._finish(key, rec, exc, clock.monotonic() - started)
+            return
+
+        def done(f: concurrent.futures.Future[BaseException | None]) -> None:
             # Runs on the loop thread: hand the store calls to a pool thread.
             with self._cond:
                 if rec.abandoned:
                     return  # cancelled at shutdown: the lease runs out
-            cancelled = _Cancelled("the async handler was cancelled")
-            exc: BaseException | None = cancelled if f.cancelled() else f.exception()
-            duration = f.result() if exc is None else clock.monotonic() - started
+            exc: BaseException | None
+            if f.cancelled():
+                exc = _Cancelled("the async handler was cancelled")
+            else:
+                exc = f.exception() or f.result()
+            duration = clock.monotonic() - started
             pool = self._pool
             assert pool is not None
             pool.submit(functools.partial(self._finish, key, rec, exc, duration))
@@ -848,17 +921,20 @@ class Worker:
                     results.append((entry, claim, "error"))
             if completions:
                 self._complete(completions, results)
+            with self._cond:
+                # Out of flight while each claim's lock is still held: a renewal
+                # waiting for that lock then finds the job finished, instead of
+                # extending an acked claim (and logging a false "lost the lease").
+                for entry, _, outcome in results:
+                    self._inflight.pop(entry.key, None)
+                    self._counts["errors" if outcome == "error" else outcome] += 1
+                self._cond.notify_all()
+                following, self._finished = self._finished, []
+                if not following:
+                    self._flushing = False
         finally:
             for lock in locks:
                 lock.release()
-        with self._cond:
-            for entry, _, outcome in results:
-                self._inflight.pop(entry.key, None)
-                self._counts["errors" if outcome == "error" else outcome] += 1
-            self._cond.notify_all()
-            following, self._finished = self._finished, []
-            if not following:
-                self._flushing = False
         if any(outcome == "retried" for _, _, outcome in results):
             # Wake this process's waiters: a retry may be due before they planned to wake.
             try:

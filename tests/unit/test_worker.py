@@ -8,6 +8,7 @@ real timeout that only fires when something is broken) and through
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
 import signal
@@ -655,3 +656,151 @@ def test_percentile_uses_the_nearest_rank() -> None:
     assert percentile(samples, 99) == 99.0
     assert percentile(samples, 100) == 100.0
     assert percentile([], 50) != percentile([], 50)  # NaN
+
+
+# -- async handlers that misbehave ---------------------------------------------------
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_an_async_handler_raising_a_base_exception_fails_and_the_loop_goes_on(
+    h: Harness, error: BaseException
+) -> None:
+    async def quits(payload: Any) -> None:
+        raise error
+
+    async def fine(payload: Any) -> None:
+        await asyncio.sleep(0)
+
+    h.app.register("quits", quits)
+    h.app.register("fine", fine)
+    job_id = h.app.schedule("quits", delay=0, max_attempts=1)
+    h.start()
+    assert h.next_result().outcome == "dead"
+    job = h.job(job_id)
+    assert job.state is JobState.DEAD and type(error).__name__ in job.last_error
+    second = h.app.schedule("fine", delay=0)
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(second).state is JobState.SUCCEEDED
+    assert h.worker is not None and h.worker.stats().in_flight == 0
+
+
+def test_an_async_handler_stopping_the_event_loop_does_not_strand_jobs(h: Harness) -> None:
+    async def stops_the_loop(payload: Any) -> None:
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0)
+
+    async def fine(payload: Any) -> None:
+        await asyncio.sleep(0)
+
+    h.app.register("stops", stops_the_loop)
+    h.app.register("fine", fine)
+    first = h.app.schedule("stops", delay=0)
+    h.start()
+    assert h.next_result().outcome == "succeeded"
+    second = h.app.schedule("fine", delay=0)
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(first).state is h.job(second).state is JobState.SUCCEEDED
+
+
+def test_a_closed_event_loop_is_replaced_for_the_next_async_job(h: Harness) -> None:
+    async def fine(payload: Any) -> None:
+        await asyncio.sleep(0)
+
+    h.app.register("fine", fine)
+    h.app.schedule("fine", delay=0)
+    worker = h.start()
+    assert h.next_result().outcome == "succeeded"
+    dead_loop = worker._loop
+    assert dead_loop is not None
+    dead_loop.loop.call_soon_threadsafe(dead_loop.loop.stop)
+    dead_loop._closing = True  # as if shut down: the loop thread ends and closes it
+    assert wait_until(dead_loop.loop.is_closed, TIMEOUT)
+    job_id = h.app.schedule("fine", delay=0)
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+def _traced(fn: Any) -> Any:
+    """A typical sync decorator (logging, tracing) that hides an async function."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def test_an_async_handler_behind_a_sync_decorator_is_awaited(h: Harness) -> None:
+    seen: list[Any] = []
+
+    @_traced
+    async def handler(payload: Any, ctx: JobContext) -> None:
+        await asyncio.sleep(0)
+        seen.append((payload, ctx.attempt))
+
+    entry = h.app.register("a", handler)
+    assert entry.is_async and entry.takes_context
+    job_id = h.app.schedule("a", [1], delay=0)
+    h.start()
+    assert h.next_result().outcome == "succeeded"
+    assert seen == [([1], 1)]
+    assert h.job(job_id).state is JobState.SUCCEEDED
+
+
+def test_a_sync_handler_returning_a_coroutine_has_it_awaited(h: Harness) -> None:
+    seen: list[Any] = []
+
+    async def body(payload: Any) -> None:
+        await asyncio.sleep(0)
+        if payload == "bad":
+            raise ValueError("inner boom")
+        seen.append(payload)
+
+    def starts_body(payload: Any) -> Any:  # sync: returns the coroutine
+        return body(payload)
+
+    h.app.register("a", starts_body)
+    assert not h.app.handlers["a"].is_async
+    ok = h.app.schedule("a", "good", delay=0)
+    h.start()
+    assert h.next_result().outcome == "succeeded"
+    assert seen == ["good"] and h.job(ok).state is JobState.SUCCEEDED
+    bad = h.app.schedule("a", "bad", delay=0, max_attempts=1)
+    assert h.next_result().outcome == "dead"
+    assert "ValueError: inner boom" in h.job(bad).last_error
+
+
+def test_a_claim_is_out_of_flight_before_its_lock_is_released_after_the_ack(h: Harness) -> None:
+    """A lease renewal waiting for the claim's lock must find the job finished, not
+    extend an acked claim (and log a false "lost the lease")."""
+    worker_box: list[Worker] = []
+    released_in_flight: list[bool] = []
+
+    class WatchedLock:
+        def __init__(self, rec: Any) -> None:
+            self._lock = threading.Lock()
+            self._rec = rec
+
+        def acquire(self, *args: Any) -> bool:
+            return self._lock.acquire(*args)
+
+        def release(self) -> None:
+            inflight = worker_box[0]._inflight.values()
+            released_in_flight.append(any(r is self._rec for r in inflight))
+            self._lock.release()
+
+        def __enter__(self) -> bool:
+            return self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.release()
+
+    def handler(payload: Any) -> None:
+        for rec in worker_box[0]._inflight.values():
+            if rec.claim.job.id == payload:
+                rec.lock = WatchedLock(rec)  # type: ignore[assignment]
+
+    h.app.register("x", handler)
+    job_id = h.app.schedule("x", delay=0, job_id="watched", payload="watched")
+    worker_box.append(h.start())
+    assert h.next_result().outcome == "succeeded"
+    assert h.job(job_id).state is JobState.SUCCEEDED
+    assert released_in_flight == [False]
