@@ -50,6 +50,23 @@ def check_datetime(value: object, name: str = "at") -> float:
     return check_seconds(value, name)
 
 
+def utf8_problem(text: str) -> str | None:
+    """None when ``text`` can be stored as UTF-8; else why not (the lone surrogate).
+
+    A Python str may hold lone surrogates (``"\\ud800"``, e.g. from
+    ``os.fsdecode`` or bad JSON); no store can keep them.
+    """
+    if text.isascii():  # O(1) in CPython: a flag of the string
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"is not valid UTF-8 text (a lone surrogate {text[exc.start]!r} at index {exc.start})"
+        )
+    return None
+
+
 def check_job_id(value: object) -> str:
     """Return a valid job id or raise :class:`InvalidJobId`."""
     if not isinstance(value, str):
@@ -63,4 +80,7 @@ def check_job_id(value: object) -> str:
     for ch in value:
         if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
             raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
+    problem = utf8_problem(value)
+    if problem is not None:
+        raise InvalidJobId(f"job_id {problem}: {value!r}")
     return value

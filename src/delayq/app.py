@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from delayq._validate import check_datetime, check_job_id, check_seconds
+from delayq._validate import check_datetime, check_job_id, check_seconds, utf8_problem
 from delayq.backends import Backend, open_backend
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -62,6 +62,9 @@ MAX_DELAY = 100 * 365.25 * 86400.0
 """The furthest a job may be scheduled ahead: 100 years, in seconds."""
 
 MAX_NAME_LENGTH = 200
+
+MAX_ATTEMPTS = 2**31 - 1
+"""The largest ``max_attempts``: every store keeps it as a 32-bit signed int."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -140,7 +143,7 @@ def _name_problem(value: str) -> str | None:
         return f"is {len(value)} characters; at most {MAX_NAME_LENGTH} are allowed"
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         return f"must not contain control characters, got {value!r}"
-    return None
+    return utf8_problem(value)
 
 
 def _is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -329,7 +332,16 @@ class DelayQ:
         else:
             if url is None:
                 url = os.environ.get(URL_ENV) or None
-            self._backend = open_backend(url, clock=clock, **backend_options)
+            try:
+                self._backend = open_backend(url, clock=clock, **backend_options)
+            except TypeError as exc:
+                # A misspelt option (synchronus=) reaches the store's constructor.
+                unknown = [k for k in backend_options if f"'{k}'" in str(exc)]
+                if "unexpected keyword argument" not in str(exc) or not unknown:
+                    raise
+                raise ConfigurationError(
+                    f"unknown store option {unknown[0]!r} for {url or 'the default store'}: {exc}"
+                ) from exc
             self._owns_backend = True
         self._closed = False
 
@@ -579,8 +591,13 @@ class DelayQ:
         older_than: float | timedelta | None = None,
     ) -> int:
         """Delete dead jobs: all of them, those in ``job_ids``, or those dead for
-        more than ``older_than`` seconds. Returns how many were deleted."""
-        ids = None if job_ids is None else [check_job_id(j) for j in job_ids]
+        more than ``older_than`` seconds. Returns how many were deleted.
+
+        ``job_ids`` is a list (any iterable) of ids; a bare str is refused with
+        :class:`~delayq.errors.InvalidOption` rather than read as its characters
+        (write ``job_ids=["order-17"]`` for one id).
+        """
+        ids = None if job_ids is None else [check_job_id(j) for j in self._id_list(job_ids)]
         cutoff = None
         if older_than is not None:
             age = self._seconds(older_than, "older_than")
@@ -685,8 +702,15 @@ class DelayQ:
                 pass  # NaN or infinity: the checked path names where
             else:
                 limit = self.max_payload_bytes
-                if len(text) * 4 <= limit or len(text.encode("utf-8")) <= limit:
-                    return text
+                if text.isascii():  # O(1): a flag of the str
+                    if len(text) <= limit:
+                        return text
+                else:
+                    try:
+                        if len(text.encode("utf-8")) <= limit:
+                            return text
+                    except UnicodeEncodeError:
+                        pass  # a lone surrogate: the checked path names where
         return encode_payload(payload, max_bytes=self.max_payload_bytes)
 
     @staticmethod
@@ -724,9 +748,27 @@ class DelayQ:
     def _check_max_attempts(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidOption(f"max_attempts must be an int >= 1, got {value!r}")
-        if value < 1:
-            raise InvalidOption(f"max_attempts must be an int >= 1, got {value}")
+        if not 1 <= value <= MAX_ATTEMPTS:
+            raise InvalidOption(
+                f"max_attempts must be an int >= 1 and <= {MAX_ATTEMPTS}, got {value}"
+            )
         return value
+
+    @staticmethod
+    def _id_list(job_ids: object) -> Iterable[object]:
+        """``job_ids`` as an iterable of ids; a bare str is refused, not split into
+        characters (``purge_dead(job_ids="order-17")`` would purge ids "o", "r", ...)."""
+        if isinstance(job_ids, str | bytes):
+            one = job_ids if isinstance(job_ids, str) else job_ids.decode("utf-8", "replace")
+            raise InvalidOption(
+                f"job_ids must be a list of ids, got the {type(job_ids).__name__} "
+                f"{job_ids!r}; for one id write job_ids=[{one!r}]"
+            )
+        if not isinstance(job_ids, Iterable):
+            raise InvalidOption(
+                f"job_ids must be a list of ids, got {type(job_ids).__name__} {job_ids!r}"
+            )
+        return job_ids
 
     @staticmethod
     def _check_limit(value: object) -> int:

@@ -2,15 +2,19 @@
 
 :func:`encode_payload` accepts exactly what JSON can round-trip (dict with str
 keys, list, tuple, str, int, finite float, bool, None), names the first value
-that is not, and enforces a size limit on the encoded UTF-8 bytes.
+that is not (a str with a lone surrogate, which is not UTF-8 text, and an int
+too long for Python to print are not), and enforces a size limit on the encoded
+UTF-8 bytes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
+from delayq._validate import utf8_problem
 from delayq.errors import InvalidOption, InvalidPayload, PayloadTooLarge
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "JSONValue", "decode_payload", "encode_payload"]
@@ -19,13 +23,30 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB
 
 JSONValue = Any  # dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None
 
-_SCALARS = (str, int, bool, type(None))
+_BIG_INT_BITS = 2000
+"""Ints longer than this many bits (~600 digits) are checked against Python's
+limit on int-to-text conversion (``sys.get_int_max_str_digits()``, at least 640)."""
 
 
 def _check(value: object, path: str, depth: int) -> None:
     if depth > 500:
         raise InvalidPayload(f"payload is nested more than 500 levels deep at {path}")
-    if isinstance(value, _SCALARS):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        problem = utf8_problem(value)
+        if problem is not None:
+            raise InvalidPayload(f"payload{path} {problem}")
+        return
+    if isinstance(value, int):
+        if value.bit_length() > _BIG_INT_BITS:
+            try:
+                int.__repr__(value)  # what json does
+            except ValueError:
+                raise InvalidPayload(
+                    f"payload{path} is an int with more than {sys.get_int_max_str_digits()} "
+                    f"digits, which Python will not convert to JSON text; send it as a str"
+                ) from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -38,6 +59,9 @@ def _check(value: object, path: str, depth: int) -> None:
                     f"payload{path} has a key {k!r} of type {type(k).__name__}; "
                     f"JSON object keys must be str"
                 )
+            problem = utf8_problem(k)
+            if problem is not None:
+                raise InvalidPayload(f"payload{path} has a key {k!r} that {problem}")
             _check(v, f"{path}[{k!r}]", depth + 1)
         return
     if isinstance(value, list | tuple):
@@ -59,7 +83,10 @@ def encode_payload(payload: object, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_bytes!r}")
     _check(payload, "", 0)
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:  # anything _check let through
+        raise InvalidPayload(f"payload cannot be encoded as JSON: {exc}") from exc
     # len(text) <= bytes <= 4 * len(text): encode only when it could matter.
     if len(text) * 4 > max_bytes:
         size = len(text.encode("utf-8"))

@@ -15,6 +15,7 @@ import pytest
 
 from delayq.app import DelayQ
 from delayq.errors import (
+    ConfigurationError,
     InvalidDelay,
     InvalidInput,
     InvalidJobId,
@@ -85,6 +86,35 @@ CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("max-attempts-negative", {"max_attempts": -3}, InvalidOption, "max_attempts"),
     ("max-attempts-bool", {"max_attempts": True}, InvalidOption, "max_attempts"),
     ("max-attempts-float", {"max_attempts": 2.5}, InvalidOption, "max_attempts"),
+    (
+        "max-attempts-over-int32",
+        {"max_attempts": 2**63},
+        InvalidOption,
+        "max_attempts must be an int >= 1 and <= 2147483647, got 9223372036854775808",
+    ),
+    ("max-attempts-just-over", {"max_attempts": 2**31}, InvalidOption, "<= 2147483647"),
+    (
+        "payload-int-over-4300-digits",
+        {"payload": {"n": 10**5000}},
+        InvalidPayload,
+        "payload['n'] is an int with more than 4300 digits",
+    ),
+    ("payload-huge-int-alone", {"payload": -(10**4300)}, InvalidPayload, "more than 4300 digits"),
+    (
+        "payload-lone-surrogate",
+        {"payload": {"note": "caf\ud800"}},
+        InvalidPayload,
+        "payload['note'] is not valid UTF-8 text",
+    ),
+    ("payload-surrogate-str", {"payload": "\udc80"}, InvalidPayload, "not valid UTF-8 text"),
+    (
+        "payload-surrogate-key",
+        {"payload": {"k\ud800": 1}},
+        InvalidPayload,
+        "not valid UTF-8 text",
+    ),
+    ("job-id-lone-surrogate", {"job_id": "a\ud800"}, InvalidJobId, "not valid UTF-8 text"),
+    ("name-lone-surrogate", {"name": "x\ud800"}, InvalidOption, "name is not valid UTF-8 text"),
     (
         "on-conflict-unknown",
         {"on_conflict": "overwrite"},
@@ -162,3 +192,46 @@ def test_bad_reschedule_times_change_nothing(app: DelayQ) -> None:
         with pytest.raises(InvalidDelay):
             app.reschedule(job_id, **kwargs)
     assert app.get(job_id) == before
+
+
+def test_a_lone_surrogate_in_a_lookup_id_is_an_invalid_job_id(app: DelayQ) -> None:
+    for call in (app.cancel, app.get, app.requeue):
+        with pytest.raises(InvalidJobId, match="not valid UTF-8 text"):
+            call("order-\ud800")
+
+
+def test_a_batch_names_the_item_with_a_lone_surrogate(app: DelayQ) -> None:
+    with pytest.raises(InvalidPayload, match=r"jobs\[1\]: payload\['x'\] is not valid UTF-8"):
+        app.schedule_many(
+            [{"name": "a", "delay": 1}, {"name": "b", "delay": 1, "payload": {"x": "\ud800"}}]
+        )
+    assert_nothing_stored(app)
+
+
+def test_max_attempts_of_the_app_is_capped_too(tmp_path: Path) -> None:
+    with pytest.raises(InvalidOption, match="<= 2147483647"):
+        DelayQ("memory://", max_attempts=2**40)
+    with DelayQ("memory://", max_attempts=2**31 - 1) as app:
+        job_id = app.schedule("x", delay=1)
+        job = app.get(job_id)
+        assert job is not None and job.max_attempts == 2**31 - 1
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/typo.db"])
+def test_a_misspelt_store_option_is_a_configuration_error_naming_it(
+    tmp_path: Path, url: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="synchronus") as info:
+        DelayQ(url.format(tmp=tmp_path), synchronus="full")
+    assert "option" in str(info.value)
+
+
+@pytest.mark.parametrize("ids", ["order-17", b"order-17"])
+def test_purge_dead_refuses_a_bare_string_of_ids(app: DelayQ, ids: Any) -> None:
+    app.schedule("x", delay=0, job_id="o", max_attempts=1)
+    [claim] = app.backend.claim(limit=1, lease=5)
+    app.backend.bury(claim, "boom")
+    with pytest.raises(InvalidOption, match=r"job_ids must be a list of ids.*\['order-17'\]"):
+        app.purge_dead(job_ids=ids)
+    assert [j.id for j in app.dead_letters()] == ["o"]
+    assert app.purge_dead(job_ids=("o",)) == 1

@@ -32,6 +32,10 @@ def test_tuples_encode_as_lists_and_the_text_is_compact_utf8() -> None:
         ({"when": object()}, "payload['when'] is a object"),
         ({1, 2}, "is a set"),
         (b"bytes", "is a bytes"),
+        ({"n": [10**5000]}, "payload['n'][0] is an int with more than 4300 digits"),
+        ({"s": "a\ud800"}, "payload['s'] is not valid UTF-8 text (a lone surrogate '\\ud800'"),
+        ({"\udfff": 1}, "has a key '\\udfff' that is not valid UTF-8 text"),
+        ("\ud800", "payload is not valid UTF-8 text"),
     ],
 )
 def test_non_json_data_is_rejected_naming_the_value(payload: object, where: str) -> None:

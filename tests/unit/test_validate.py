@@ -65,6 +65,8 @@ def test_valid_job_ids_are_returned(good: str) -> None:
         ("a\nb", "control characters"),
         ("a\x7fb", "control characters"),
         ("a\x85b", "control characters"),
+        ("a\ud800", "not valid UTF-8 text"),
+        ("\udfffb", "not valid UTF-8 text"),
     ],
 )
 def test_invalid_job_ids_say_why(bad: object, why: str) -> None:
