@@ -144,6 +144,13 @@ class JobSpec:
     ``payload`` is already-encoded JSON text (see :mod:`delayq.codec`);
     ``backoff`` is a backoff spec dict (``Backoff.to_spec()``); ``misfire`` the
     text form of :class:`Misfire`.
+
+    ``delay`` (seconds, optional) makes the due time relative: the store sets
+    ``run_at`` to ITS "now" plus ``delay`` (a negative delay counts as 0) when
+    it stores the job, and ``run_at`` is then only the producer's estimate. A
+    distributed store decides "due" on its server's clock, so ``delay=10``
+    means ten seconds on that clock even when the producer's clock is skewed.
+    Backends check every spec on ``enqueue`` (``delayq.backends._common.check_spec``).
     """
 
     id: str
@@ -154,6 +161,7 @@ class JobSpec:
     backoff: dict[str, Any] = field(default_factory=lambda: {"kind": "exponential"})
     misfire: str = "run"
     created_at: float = 0.0
+    delay: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

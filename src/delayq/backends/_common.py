@@ -5,17 +5,21 @@ Not public API: backends import from here; users see the errors it builds.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from delayq._validate import check_job_id
 from delayq.backends.base import Completion
-from delayq.errors import InvalidDelay, InvalidOption, StaleClaim
-from delayq.job import Claim, JobState
+from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
+from delayq.job import Claim, JobSpec, JobState
 
 __all__ = [
     "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
+    "MAX_ATTEMPTS_LIMIT",
+    "PURGE_BATCH",
     "TTL_STATES",
     "check_ack_state",
     "check_lease",
@@ -23,6 +27,9 @@ __all__ = [
     "check_max_wait",
     "check_result_ttl",
     "check_run_at",
+    "check_spec",
+    "check_when",
+    "undecodable_error",
     "format_time",
     "lease_expired_error",
     "lease_expired_note",
@@ -31,6 +38,14 @@ __all__ = [
 
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
 """Finished records (succeeded, cancelled, skipped) are kept this long: 7 days."""
+
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+"""The largest ``max_attempts`` a store accepts (a 32-bit signed int everywhere)."""
+
+PURGE_BATCH = 1000
+"""Finished records purged per claim at most, so a lowered ``result_ttl`` on a
+large store never holds the write lock (or the Redis script) for long; the rest
+go in the next claims (reads already treat them as gone)."""
 
 TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
 """Final states purged after ``result_ttl``. DEAD is final too, but dead letters
@@ -79,6 +94,70 @@ def check_run_at(run_at: object, name: str = "run_at") -> float:
     if seconds is None:
         raise InvalidDelay(f"{name} must be finite epoch seconds, got {run_at!r}")
     return seconds
+
+
+def check_when(run_at: object, delay: object) -> tuple[float | None, float | None]:
+    """``(run_at, delay)`` of a reschedule or requeue: exactly one is given and finite.
+
+    A negative delay counts as 0 ("due now").
+    """
+    if (run_at is None) == (delay is None):
+        raise InvalidOption("give exactly one of run_at= (epoch seconds) or delay= (seconds)")
+    if delay is not None:
+        return None, max(0.0, check_run_at(delay, "delay"))
+    return check_run_at(run_at), None
+
+
+def check_spec(spec: object) -> JobSpec:
+    """Check one spec before it is stored, the same way in every store.
+
+    The payload must be JSON text, the id a valid job id, ``max_attempts`` an int
+    in ``1 .. 2**31-1``, the due time (or ``delay``) finite, name and misfire
+    non-empty text and backoff a dict. Raises an ``InvalidInput`` naming the job.
+    """
+    if not isinstance(spec, JobSpec):
+        raise InvalidOption(f"enqueue takes JobSpec items, got {type(spec).__name__}")
+    job_id = check_job_id(spec.id)
+    if not isinstance(spec.name, str) or not spec.name:
+        raise InvalidOption(f"job {job_id!r}: name must be a non-empty str, got {spec.name!r}")
+    if not isinstance(spec.payload, str):
+        raise InvalidPayload(
+            f"job {job_id!r}: payload must be JSON text (see delayq.codec.encode_payload), "
+            f"got {type(spec.payload).__name__}"
+        )
+    try:
+        json.loads(spec.payload)
+    except ValueError as exc:
+        raise InvalidPayload(f"job {job_id!r}: payload is not valid JSON text: {exc}") from exc
+    attempts = spec.max_attempts
+    if (
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
+        or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidOption(
+            f"job {job_id!r}: max_attempts must be an int in 1..{MAX_ATTEMPTS_LIMIT}, "
+            f"got {attempts!r}"
+        )
+    if spec.delay is None:
+        check_run_at(spec.run_at)
+    else:
+        check_run_at(spec.delay, "delay")
+    if not isinstance(spec.backoff, dict):
+        raise InvalidOption(f"job {job_id!r}: backoff must be a dict, got {spec.backoff!r}")
+    if not isinstance(spec.misfire, str) or not spec.misfire:
+        raise InvalidOption(f"job {job_id!r}: misfire must be a non-empty str")
+    if _finite(spec.created_at) is None:
+        raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
+    return spec
+
+
+def undecodable_error(exc: BaseException) -> str:
+    """The error of a stored job that ``claim`` buried because it cannot be read."""
+    return (
+        f"cannot decode the stored job ({type(exc).__name__}: {exc}); it was buried "
+        f"instead of being run. Fix the record and requeue it, or purge it"
+    )
 
 
 def check_ack_state(state: object) -> JobState:
@@ -147,6 +226,9 @@ class CompletesInBatches:
 
     def bury(self, claim: Claim, error: str) -> None:
         self._complete_one(Completion.bury(claim, error))
+
+    def release(self, claim: Claim) -> None:
+        self._complete_one(Completion.release(claim))
 
     def _complete_one(self, completion: Completion) -> None:
         [stale] = self.complete([completion])

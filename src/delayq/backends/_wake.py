@@ -5,7 +5,11 @@ another process schedules an earlier job. SQLite has no notification channel,
 so delayq builds one next to the database with unix datagram sockets:
 
 * Every backend that waits binds one socket in the wake directory,
-  ``<db>.wake/<pid>-<n>.sock``, and a daemon thread blocks on it. A datagram
+  ``<db>.wake/<random hex>.sock``, and a daemon thread blocks on it. The name
+  is random (uuid4), not the pid: containers sharing the database's volume
+  often all run as pid 1, and a name one of them computes must never be a live
+  socket of another. Binding never unlinks an existing file either (only a
+  sender that gets ``ECONNREFUSED`` removes a socket, so only dead ones go). A datagram
   (its content is ignored) means "the schedule changed: look again"; the thread
   bumps the backend's wake generation and notifies its condition.
 * A process that commits a change making some job earlier than the previous
@@ -33,11 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import os
 import socket
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,15 +49,15 @@ __all__ = ["WakeChannel", "wake_directory"]
 
 _MAX_SOCKET_PATH = 100  # sun_path is 104-108 bytes depending on the OS; keep a margin
 _SUFFIX = ".sock"
-_counter = itertools.count(1)
+_NAME_LENGTH = 32 + len(_SUFFIX)  # "<uuid4 hex>.sock"
 
 
 def wake_directory(db_path: str) -> Path:
     """The directory holding the wake sockets of the database at ``db_path``."""
     real = os.path.realpath(db_path)
     preferred = Path(real + ".wake")
-    # "<pid>-<n>.sock": pid up to 7 digits, n up to ~6 digits.
-    if len(os.fsencode(preferred)) + 20 <= _MAX_SOCKET_PATH:
+    # "/<uuid4 hex>.sock"
+    if len(os.fsencode(preferred)) + 1 + _NAME_LENGTH <= _MAX_SOCKET_PATH:
         return preferred
     digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"delayq-wake-{digest}"
@@ -97,14 +101,12 @@ class WakeChannel:
                 return True
             if self._failed or self._closed:
                 return False
-            path = str(self.directory / f"{os.getpid()}-{next(_counter)}{_SUFFIX}")
+            path = str(self.directory / f"{uuid.uuid4().hex}{_SUFFIX}")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             for attempt in range(3):
                 try:
                     self.directory.mkdir(parents=True, exist_ok=True)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)  # left by a dead process that had our pid
-                    sock.bind(path)
+                    sock.bind(path)  # a random name: never someone else's (never unlinked)
                     break
                 except FileNotFoundError:
                     # Another process removed the (then empty) directory as it closed.

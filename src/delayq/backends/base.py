@@ -26,6 +26,20 @@ Rules every implementation keeps:
   DEAD with its last error.
 * **Order.** Claims come in ``run_at`` order, ties in enqueue order (FIFO).
 * **Definite answers.** ``cancel`` and ``reschedule`` report what happened.
+* **Relative times on the store's clock.** A ``delay`` (``JobSpec.delay``,
+  ``reschedule(delay=)``, ``requeue_dead(delay=)``) is added to the store's own
+  "now" (the server's ``TIME`` on Redis), never to the caller's clock, so a
+  producer with a skewed clock cannot make a job run early or late.
+* **Checked input.** ``enqueue`` checks every spec (``_common.check_spec``:
+  the payload is JSON text, the id a valid job id, ``1 <= max_attempts <=
+  2**31-1``, a finite due time) and raises an
+  :class:`~delayq.errors.InvalidInput` before storing anything. A stored job
+  that cannot be read back anyway (a store edited by hand) is buried by
+  ``claim`` with an error saying why, never handed out or left to break the
+  other claims.
+* **Release.** ``release`` gives an unstarted claim back: SCHEDULED again at its
+  original ``run_at`` (so it keeps its place), the attempt it used given back,
+  nothing recorded as an error.
 * **Finished records** are kept for ``result_ttl`` seconds (a backend option) so
   ``get`` and ``cancel`` can say "finished"; dead letters stay until purged or
   requeued.
@@ -69,9 +83,10 @@ class Completion:
 
     ``state`` says which of the single calls it stands for: SUCCEEDED or
     SKIPPED is ``ack(claim, state=state, outcome=outcome)``, SCHEDULED is
-    ``retry(claim, run_at, error)``, DEAD is ``bury(claim, error)``. Build one
-    with :meth:`ack`, :meth:`retry` or :meth:`bury`; the fields are checked at
-    construction, so a bad entry never reaches the store.
+    ``retry(claim, run_at, error)``, DEAD is ``bury(claim, error)``, and
+    SCHEDULED with ``released=True`` is ``release(claim)``. Build one with
+    :meth:`ack`, :meth:`retry`, :meth:`bury` or :meth:`release`; the fields are
+    checked at construction, so a bad entry never reaches the store.
     """
 
     claim: Claim
@@ -79,13 +94,26 @@ class Completion:
     outcome: str | None = None  # ack: the note recorded with the job
     error: str | None = None  # retry / bury: the error recorded with the job
     run_at: float | None = None  # retry: the new due time (epoch seconds)
+    released: bool = False  # release: an unstarted claim given back (state SCHEDULED)
 
     def __post_init__(self) -> None:
         state = self.state
         if (state is JobState.SUCCEEDED or state is JobState.SKIPPED) and (
-            self.run_at is None and self.error is None
+            self.run_at is None and self.error is None and not self.released
         ):
             return  # the common case, an ack, checked cheaply (results are hot)
+        if self.released:
+            if (
+                state is not JobState.SCHEDULED
+                or self.run_at is not None
+                or self.error is not None
+                or self.outcome is not None
+            ):
+                raise InvalidOption(
+                    "a release is state=scheduled without run_at, error or outcome; "
+                    "build it with Completion.release(claim)"
+                )
+            return
         if isinstance(self.state, str) and not isinstance(self.state, JobState):
             with contextlib.suppress(ValueError):  # "succeeded" -> JobState.SUCCEEDED
                 object.__setattr__(self, "state", JobState(self.state))
@@ -134,6 +162,11 @@ class Completion:
         """Move to the dead letters with ``error``, like ``Backend.bury``."""
         return cls(claim, JobState.DEAD, error=error)
 
+    @classmethod
+    def release(cls, claim: Claim) -> Completion:
+        """Give an unstarted claim back, like ``Backend.release``."""
+        return cls(claim, JobState.SCHEDULED, released=True)
+
     @staticmethod
     def batch(entries: Sequence[Completion]) -> list[Completion]:
         """``entries`` as a list, each checked to be a Completion (for implementations)."""
@@ -165,6 +198,10 @@ class Backend(Protocol):
         ``"keep"`` leaves the existing job alone; ``"replace"`` overwrites a
         scheduled or finished job (attempts reset) and raises ``JobConflict`` for
         a running one. Wakes waiting workers if a job became the earliest.
+
+        A spec with ``delay`` is due at the store's "now" plus ``delay``. Every
+        spec is checked first (``_common.check_spec``); a bad one raises an
+        :class:`~delayq.errors.InvalidInput` and nothing is stored.
         """
         ...
 
@@ -172,8 +209,11 @@ class Backend(Protocol):
         """Cancel a scheduled job; otherwise say why not."""
         ...
 
-    def reschedule(self, job_id: str, run_at: float) -> RescheduleOutcome:
-        """Move a scheduled job to ``run_at`` (epoch seconds)."""
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        """Move a scheduled job to ``run_at`` (epoch seconds) or to ``delay``
+        seconds after the store's "now" (exactly one of the two)."""
         ...
 
     # -- workers ------------------------------------------------------------
@@ -207,6 +247,22 @@ class Backend(Protocol):
         (that entry is skipped; the rest still apply). A store failure raises and
         applies nothing. Retries wake waiting workers like :meth:`retry`. An
         empty batch does nothing.
+        """
+        ...
+
+    def release(self, claim: Claim) -> None:
+        """Give back a claim whose handler never started (a stopping worker).
+
+        The job is SCHEDULED again at its original ``run_at``, so it keeps its
+        place in the due order, and the attempt the claim took is given back
+        (``attempts`` decremented): a ``max_attempts=1`` job still gets its one
+        run. Nothing is recorded as an error and no backoff applies. Lateness
+        (and so the misfire policy) is measured from the original ``run_at``
+        as if the job had never been claimed: a job that is overdue when it is
+        finally run counts as overdue by the whole wait, the same as when no
+        worker had been there. Raises
+        :class:`~delayq.errors.StaleClaim` like ``ack``. Also a
+        :meth:`Completion.release` entry of ``complete``.
         """
         ...
 
@@ -251,8 +307,11 @@ class Backend(Protocol):
         """Dead jobs, most recently buried first."""
         ...
 
-    def requeue_dead(self, job_id: str, run_at: float) -> bool:
-        """Move a dead job back to SCHEDULED (attempts reset); False if not dead."""
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        """Move a dead job back to SCHEDULED (attempts reset) at ``run_at`` or
+        ``delay`` seconds after the store's "now" (exactly one); False if not dead."""
         ...
 
     def purge_dead(

@@ -25,9 +25,12 @@ from delayq.backends._common import (
     check_max_wait,
     check_result_ttl,
     check_run_at,
+    check_spec,
+    check_when,
     lease_expired_error,
     lease_expired_note,
     stale_claim,
+    undecodable_error,
 )
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -240,9 +243,7 @@ class MemoryBackend(CompletesInBatches):
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         on_conflict = check_on_conflict(on_conflict)
-        specs = list(jobs)
-        for spec in specs:
-            check_run_at(spec.run_at)
+        specs = [check_spec(spec) for spec in jobs]
         with self._lock:
             self._check_open()
             now = self._clock.time()
@@ -281,7 +282,9 @@ class MemoryBackend(CompletesInBatches):
                     id=spec.id,
                     name=spec.name,
                     payload=spec.payload,
-                    run_at=float(spec.run_at),
+                    run_at=(
+                        float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
+                    ),
                     max_attempts=spec.max_attempts,
                     backoff=dict(spec.backoff),
                     misfire=spec.misfire,
@@ -314,11 +317,15 @@ class MemoryBackend(CompletesInBatches):
             self._finish(rec, JobState.CANCELLED, now)
             return CancelOutcome.CANCELLED
 
-    def reschedule(self, job_id: str, run_at: float) -> RescheduleOutcome:
-        run_at = check_run_at(run_at)
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        at, after = check_when(run_at, delay)
         with self._lock:
             self._check_open()
             now = self._clock.time()
+            run_at = now + after if after is not None else at
+            assert run_at is not None
             rec = self._lookup(job_id, now)
             if rec is None:
                 return RescheduleOutcome.NOT_FOUND
@@ -346,14 +353,26 @@ class MemoryBackend(CompletesInBatches):
             while len(claims) < limit and (head := self._head()) is not None and head[0] <= at:
                 heapq.heappop(self._due)
                 rec = self._jobs[head[3]]
-                rec.state = JobState.RUNNING
                 rec.attempts += 1
+                try:
+                    job = replace(
+                        rec.to_job(),
+                        state=JobState.RUNNING,
+                        lease_until=at + lease,
+                        updated_at=at,
+                    )
+                except (ValueError, TypeError) as exc:
+                    # Unreadable: buried with the reason, never breaking the other claims.
+                    rec.last_error = undecodable_error(exc)
+                    self._finish(rec, JobState.DEAD, at)
+                    continue
+                rec.state = JobState.RUNNING
                 rec.token = next(self._tokens)
                 rec.lease_until = at + lease
                 rec.updated_at = at
                 rec.version += 1
                 heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
-                claims.append(Claim(rec.to_job(), rec.token, rec.lease_until, at))
+                claims.append(Claim(job, rec.token, rec.lease_until, at))
             return claims
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -374,7 +393,15 @@ class MemoryBackend(CompletesInBatches):
                     results.append(exc)
                     continue
                 results.append(None)
-                if item.state is JobState.SCHEDULED:
+                if item.released:
+                    # Back to its place in the due order, the attempt given back.
+                    rec.state = JobState.SCHEDULED
+                    rec.attempts = max(0, rec.attempts - 1)
+                    rec.lease_until = None
+                    rec.updated_at = now
+                    self._schedule(rec)
+                    earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
+                elif item.state is JobState.SCHEDULED:
                     assert item.run_at is not None
                     rec.state = JobState.SCHEDULED
                     rec.run_at = item.run_at
@@ -494,13 +521,17 @@ class MemoryBackend(CompletesInBatches):
             chosen = heapq.nlargest(limit, dead, key=lambda r: (r.updated_at, r.seq))
             return [r.to_job() for r in chosen]
 
-    def requeue_dead(self, job_id: str, run_at: float) -> bool:
-        run_at = check_run_at(run_at)
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        at, after = check_when(run_at, delay)
         with self._lock:
             self._check_open()
             rec = self._jobs.get(job_id)
             if rec is None or rec.state is not JobState.DEAD:
                 return False
+            run_at = self._clock.time() + after if after is not None else at
+            assert run_at is not None
             head = self._next_due()
             rec.state = JobState.SCHEDULED
             rec.attempts = 0

@@ -53,6 +53,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
     TTL_STATES,
     CompletesInBatches,
     check_lease,
@@ -60,9 +61,12 @@ from delayq.backends._common import (
     check_max_wait,
     check_result_ttl,
     check_run_at,
+    check_spec,
+    check_when,
     lease_expired_error,
     lease_expired_note,
     stale_claim,
+    undecodable_error,
 )
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
@@ -131,6 +135,8 @@ CREATE INDEX IF NOT EXISTS delayq_jobs_due ON delayq_jobs (state, run_at, seq);
 CREATE INDEX IF NOT EXISTS delayq_jobs_lease ON delayq_jobs (state, lease_until);
 -- result_ttl purge, dead letters newest first, purge_dead(older_than=)
 CREATE INDEX IF NOT EXISTS delayq_jobs_finished ON delayq_jobs (state, updated_at);
+-- list_jobs without a state filter: walks the due order instead of sorting the table
+CREATE INDEX IF NOT EXISTS delayq_jobs_run_at ON delayq_jobs (run_at, seq);
 CREATE TABLE IF NOT EXISTS delayq_meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -160,6 +166,9 @@ _NEXT_LEASE = (
 # How complete() finishes a claim: SET clauses of ack, retry and bury.
 _ACK = "state = ?, outcome = ?, lease_until = NULL, updated_at = ?"
 _RETRY = "state = 'scheduled', run_at = ?, last_error = ?, lease_until = NULL, updated_at = ?"
+_RELEASE = (
+    "state = 'scheduled', attempts = MAX(attempts - 1, 0), lease_until = NULL, updated_at = ?"
+)
 _BURY = "state = 'dead', last_error = ?, lease_until = NULL, updated_at = ?"
 _TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 _NOT_EXPIRED = (
@@ -414,14 +423,23 @@ class SQLiteBackend(CompletesInBatches):
         return state in _TTL_STATE_VALUES and updated_at <= self._cutoff(now)
 
     def _purge_finished(self, conn: sqlite3.Connection, now: float) -> None:
+        """Delete at most ``PURGE_BATCH`` records past ``result_ttl`` per state.
+
+        Bounded so one claim never holds the write lock for a long purge (a
+        lowered ``result_ttl`` on a large store); when a batch was full the next
+        claim goes on at once. Reads never see the rest (``_NOT_EXPIRED``).
+        """
         if self._last_purge <= now < self._last_purge + _PURGE_EVERY:
             return
-        self._last_purge = now
+        full = False
         for state in _TTL_STATE_VALUES:
-            conn.execute(
-                "DELETE FROM delayq_jobs WHERE state = ? AND updated_at <= ?",
-                (state, self._cutoff(now)),
-            )
+            deleted = conn.execute(
+                "DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs "
+                "WHERE state = ? AND updated_at <= ? LIMIT ?)",
+                (state, self._cutoff(now), PURGE_BATCH),
+            ).rowcount
+            full = full or deleted >= PURGE_BATCH
+        self._last_purge = float("-inf") if full else now
 
     def _expire_leases(self, conn: sqlite3.Connection, now: float) -> None:
         expired = conn.execute(_EXPIRED_LEASES, (now,)).fetchall()
@@ -478,9 +496,7 @@ class SQLiteBackend(CompletesInBatches):
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         on_conflict = check_on_conflict(on_conflict)
-        specs = list(jobs)
-        for spec in specs:
-            check_run_at(spec.run_at)
+        specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
         with self._write("enqueueing") as conn:
@@ -526,24 +542,22 @@ class SQLiteBackend(CompletesInBatches):
             doomed = [(job_id,) for job_id in final if job_id in stale_rows]
             if doomed:
                 conn.executemany("DELETE FROM delayq_jobs WHERE id = ?", doomed)
-            conn.executemany(
-                _INSERT,
-                [
-                    (
-                        s.id,
-                        s.name,
-                        s.payload,
-                        float(s.run_at),
-                        s.max_attempts,
-                        json.dumps(s.backoff, separators=(",", ":")),
-                        s.misfire,
-                        s.created_at or now,
-                        now,
-                    )
-                    for s in final.values()
-                ],
-            )
-            earliest = min(float(s.run_at) for s in final.values())
+            rows = [
+                (
+                    s.id,
+                    s.name,
+                    s.payload,
+                    float(s.run_at) if s.delay is None else now + max(0.0, s.delay),
+                    s.max_attempts,
+                    json.dumps(s.backoff, separators=(",", ":")),
+                    s.misfire,
+                    s.created_at or now,
+                    now,
+                )
+                for s in final.values()
+            ]
+            conn.executemany(_INSERT, rows)
+            earliest = min(row[3] for row in rows)
         self._wake_if_earlier(earliest, head)
         return outcomes
 
@@ -567,10 +581,14 @@ class SQLiteBackend(CompletesInBatches):
             )
             return CancelOutcome.CANCELLED
 
-    def reschedule(self, job_id: str, run_at: float) -> RescheduleOutcome:
-        run_at = check_run_at(run_at)
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        at, after = check_when(run_at, delay)
         with self._write("rescheduling") as conn:
             now = self._clock.time()
+            run_at = now + after if after is not None else at
+            assert run_at is not None
             row = conn.execute(
                 "SELECT seq, state, updated_at FROM delayq_jobs WHERE id = ?", (job_id,)
             ).fetchone()
@@ -597,33 +615,42 @@ class SQLiteBackend(CompletesInBatches):
             at = self._clock.time() if now is None else check_run_at(now, "now")
             self._purge_finished(conn, at)
             self._expire_leases(conn, at)
-            rows = conn.execute(
-                f"{_SELECT} WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at, seq LIMIT ?",
-                (at, limit),
-            ).fetchall()
+            rows = conn.execute(_CLAIM_DUE, (at, limit)).fetchall()
             if not rows:
+                return []
+            lease_until = at + lease
+            # Decode before committing: a row that cannot be read is buried with
+            # the reason inside this transaction instead of breaking the claim.
+            jobs: list[tuple[int, Job]] = []
+            for row in rows:
+                try:
+                    job = replace(
+                        _to_job(row),
+                        state=JobState.RUNNING,
+                        attempts=row[6] + 1,
+                        lease_until=lease_until,
+                        updated_at=at,
+                    )
+                except (ValueError, TypeError) as exc:
+                    conn.execute(
+                        "UPDATE delayq_jobs SET state = 'dead', last_error = ?, "
+                        "lease_until = NULL, updated_at = ? WHERE seq = ?",
+                        (undecodable_error(exc), at, row[0]),
+                    )
+                    continue
+                jobs.append((row[0], job))
+            if not jobs:
                 return []
             last = conn.execute("SELECT value FROM delayq_meta WHERE key = 'token'").fetchone()[0]
             conn.execute(
-                "UPDATE delayq_meta SET value = ? WHERE key = 'token'", (last + len(rows),)
+                "UPDATE delayq_meta SET value = ? WHERE key = 'token'", (last + len(jobs),)
             )
-            lease_until = at + lease
             conn.executemany(
                 "UPDATE delayq_jobs SET state = 'running', attempts = attempts + 1, token = ?, "
                 "lease_until = ?, updated_at = ? WHERE seq = ?",
-                [(last + 1 + i, lease_until, at, row[0]) for i, row in enumerate(rows)],
+                [(last + 1 + i, lease_until, at, seq) for i, (seq, _job) in enumerate(jobs)],
             )
-        claims = []
-        for i, row in enumerate(rows):
-            job = replace(
-                _to_job(row),
-                state=JobState.RUNNING,
-                attempts=row[6] + 1,
-                lease_until=lease_until,
-                updated_at=at,
-            )
-            claims.append(Claim(job, last + 1 + i, lease_until, at))
-        return claims
+        return [Claim(job, last + 1 + i, lease_until, at) for i, (_seq, job) in enumerate(jobs)]
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` in one ``BEGIN IMMEDIATE`` transaction.
@@ -639,13 +666,16 @@ class SQLiteBackend(CompletesInBatches):
         head: float | None = None
         with self._write("completing claims") as conn:
             now = self._clock.time()
-            if any(item.state is JobState.SCHEDULED for item in items):
+            if any(item.state is JobState.SCHEDULED for item in items):  # retry or release
                 head = self._head(conn)
             for item in items:
-                if item.state is JobState.SCHEDULED:
+                if item.released:
+                    assignments = _RELEASE
+                    params: tuple[Any, ...] = (now,)
+                elif item.state is JobState.SCHEDULED:
                     assert item.run_at is not None
                     assignments = _RETRY
-                    params: tuple[Any, ...] = (item.run_at, item.error, now)
+                    params = (item.run_at, item.error, now)
                 elif item.state is JobState.DEAD:
                     assignments = _BURY
                     params = (item.error, now)
@@ -658,8 +688,9 @@ class SQLiteBackend(CompletesInBatches):
                     results.append(exc)
                     continue
                 results.append(None)
-                if item.run_at is not None:
-                    earliest = item.run_at if earliest is None else min(earliest, item.run_at)
+                run_at = item.claim.job.run_at if item.released else item.run_at
+                if run_at is not None:
+                    earliest = run_at if earliest is None else min(earliest, run_at)
         self._wake_if_earlier(earliest, head)
         return results
 
@@ -799,15 +830,20 @@ class SQLiteBackend(CompletesInBatches):
             ).fetchall()
         return [_to_job(r) for r in rows]
 
-    def requeue_dead(self, job_id: str, run_at: float) -> bool:
-        run_at = check_run_at(run_at)
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        at, after = check_when(run_at, delay)
         with self._write("requeueing a dead job") as conn:
+            now = self._clock.time()
+            run_at = now + after if after is not None else at
+            assert run_at is not None
             head = self._head(conn)
             cur = conn.execute(
                 "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, run_at = ?, "
                 "outcome = NULL, lease_until = NULL, updated_at = ? "
                 "WHERE id = ? AND state = 'dead'",
-                (run_at, self._clock.time(), job_id),
+                (run_at, now, job_id),
             )
             requeued = cur.rowcount == 1
         if requeued:

@@ -19,6 +19,9 @@ there)::
     P:{Q}:job:<id>     HASH  the job (name, payload, run_at, state, attempts ...)
     P:{Q}:wake:<uuid>  LIST  a private wake-up list of one waiting thread
     P:{Q}:shadow:<id>  STRING expiring shadow key (only with ``expiry_events``)
+    P:{Q}:claim:<uuid> LIST  what one claim call took (its time, lease end, ids and
+                             tokens), kept 60 s so a retried call whose first reply
+                             was lost returns the same claims instead of new ones
 
 Every state change (enqueue, claim, ack, retry, bury, complete (a batch of
 those three), extend, cancel, reschedule, requeue_dead, purge_dead) is one Lua
@@ -59,7 +62,6 @@ import functools
 import itertools
 import json
 import logging
-import math
 import threading
 import uuid
 import weakref
@@ -72,13 +74,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
     check_ack_state,
     check_lease,
     check_limit,
     check_max_wait,
     check_result_ttl,
     check_run_at,
+    check_spec,
+    check_when,
     stale_claim,
+    undecodable_error,
 )
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -185,6 +191,7 @@ def queue_keys(prefix: str, queue: str) -> dict[str, str]:
     keys["job:"] = ns + "job:"
     keys["wake:"] = ns + "wake:"
     keys["shadow:"] = ns + "shadow:"
+    keys["claim:"] = ns + "claim:"
     return keys
 
 
@@ -232,6 +239,11 @@ def _float(text: str | None) -> float | None:
 def _pairs(flat: Sequence[str]) -> dict[str, str]:
     it = iter(flat)
     return dict(zip(it, it, strict=True))
+
+
+def _when(run_at: float | None, delay: float | None) -> str:
+    """A due-time argument of the scripts: epoch seconds, or "+<delay>" after the server's now."""
+    return repr(run_at) if delay is None else f"+{delay!r}"
 
 
 def _job(job_id: str, f: dict[str, str]) -> Job:
@@ -310,7 +322,9 @@ class RedisBackend:
     Connection failures raise :class:`~delayq.errors.BackendUnavailable`.
     Reads and claims are retried once on a fresh connection; other state
     changes are not (a lost reply leaves their outcome unknown, and a retried
-    enqueue would report a conflict with itself).
+    enqueue would report a conflict with itself). A claim is safe to retry
+    because each call carries a request id: when its first reply was lost, the
+    retry returns the jobs that call claimed, never leaves them leased to nobody.
 
     Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``_closed`` and
     ``_subscriber``.
@@ -522,7 +536,7 @@ class RedisBackend:
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         on_conflict = check_on_conflict(on_conflict)
-        specs = list(jobs)
+        specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
         # Jobs of one batch usually share name, max_attempts, backoff, misfire and
@@ -549,10 +563,9 @@ class RedisBackend:
                     spec.misfire,
                     repr(float(spec.created_at)),
                 )
-            run_at = spec.run_at
-            if type(run_at) is not float or not math.isfinite(run_at):
-                run_at = check_run_at(run_at)
-            body += (spec.id, spec.payload, repr(run_at), profile)
+            # A relative delay is due on the server's clock ("+<seconds>").
+            when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
+            body += (spec.id, spec.payload, when, profile)
         head[2] = len(profiles)
         args = head + body
         reply = self._run("enqueue", args)
@@ -573,8 +586,10 @@ class RedisBackend:
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(self._run("cancel", [job_id]))
 
-    def reschedule(self, job_id: str, run_at: float) -> RescheduleOutcome:
-        reply = self._run("reschedule", [job_id, repr(check_run_at(run_at))])
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        reply = self._run("reschedule", [job_id, _when(*check_when(run_at, delay))])
         self._woke(reply[1])
         return RescheduleOutcome(reply[0])
 
@@ -582,9 +597,15 @@ class RedisBackend:
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
-        # A retried claim whose first reply was lost leaves those jobs leased to
-        # nobody; they return after the lease, which the contract allows.
-        reply = self._run("claim", [limit, repr(lease), _RECOVER_PER_CLAIM], now=now, retry=True)
+        # The request key makes the one retry safe: if the first call ran but its
+        # reply was lost, the retry finds the key and returns that call's claims.
+        request = f"{self._keys['claim:']}{uuid.uuid4().hex}"
+        reply = self._run(
+            "claim",
+            [limit, repr(lease), _RECOVER_PER_CLAIM, request, PURGE_BATCH],
+            now=now,
+            retry=True,
+        )
         claimed_at = float(reply[0])
         lease_until = float(reply[1])
         self._woke(reply[3])  # the new lease ends before anything waiters here wait for
@@ -594,10 +615,20 @@ class RedisBackend:
         claims: list[Claim] = []
         for i in range(4, len(reply), 2):
             fields = _pairs(reply[i + 1])
-            claims.append(
-                Claim(_job(reply[i], fields), int(fields["token"]), lease_until, claimed_at)
-            )
+            token = int(fields["token"])
+            try:
+                job = _job(reply[i], fields)
+            except (ValueError, TypeError, KeyError) as exc:
+                self._bury_unreadable(reply[i], token, exc)
+                continue
+            claims.append(Claim(job, token, lease_until, claimed_at))
         return claims
+
+    def _bury_unreadable(self, job_id: str, token: int, exc: BaseException) -> None:
+        """Bury a claimed job whose stored fields cannot be read (it never runs)."""
+        log.error("delayq: burying job %r: %s", job_id, exc)
+        with contextlib.suppress(BackendError):  # else its lease runs out and it comes back
+            self._run("bury", [job_id, token, undecodable_error(exc)])
 
     def ack(
         self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
@@ -618,6 +649,11 @@ class RedisBackend:
         if not int(reply[0]):
             raise self._stale(claim, reply)
 
+    def release(self, claim: Claim) -> None:
+        [stale] = self.complete([Completion.release(claim)])
+        if stale is not None:
+            raise stale
+
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` with one script call (see ``complete.lua``)."""
         items = Completion.batch(batch)
@@ -630,8 +666,8 @@ class RedisBackend:
             args += (
                 item.claim.job.id,
                 item.claim.token,
-                item.state.value,
-                repr(item.run_at) if retrying else "",
+                "release" if item.released else item.state.value,
+                repr(item.run_at) if item.run_at is not None else "",
                 text or "",
             )
         reply = self._run("complete", args)
@@ -836,8 +872,10 @@ class RedisBackend:
         ids = self._members(lambda: self._redis.zrevrange(self._keys["dead"], 0, limit - 1))
         return [j for j in self._fetch(ids) if j.state is JobState.DEAD]
 
-    def requeue_dead(self, job_id: str, run_at: float) -> bool:
-        reply = self._run("requeue_dead", [job_id, repr(check_run_at(run_at))])
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        reply = self._run("requeue_dead", [job_id, _when(*check_when(run_at, delay))])
         if not int(reply[0]):
             return False
         self._woke(reply[1])

@@ -45,6 +45,15 @@ local function job_key(id)
   return JOB_PREFIX .. id
 end
 
+-- A due time argument: epoch seconds, or "+<seconds>" for that long after NOW
+-- (a relative delay, decided on the server's clock; a negative one means now).
+local function due_time(text)
+  if string.sub(text, 1, 1) == '+' then
+    return NOW + math.max(0, tonumber(string.sub(text, 2)))
+  end
+  return tonumber(text)
+end
+
 -- Put job `id` in the due set at `run_at` (seconds). Ties are claimed in
 -- enqueue order: the member starts with the job's fixed-width sequence number
 -- (ZSET ties are ordered by member). A job keeps its sequence number when it is

@@ -4,6 +4,10 @@
 -- ARGV[5]   limit: the most jobs to claim
 -- ARGV[6]   lease in seconds
 -- ARGV[7]   the most expired leases to recover in this call
+-- ARGV[8]   this claim request's key (same hash tag), unique per call and kept for its
+--           retry: when it exists, the call is a retry whose first reply was lost, and
+--           it returns the jobs that call claimed (those still held by its tokens)
+-- ARGV[9]   the most expired finished records to drop from their indexes in this call
 -- Returns {now, lease_until, next, woke, id1, fields1, id2, fields2, ...}: fields is the
 -- job's HGETALL after the claim; next is the milliseconds until the next due job or lease
 -- expiry after this claim ("" when there is none), so a worker can wait without asking
@@ -11,8 +15,11 @@
 --
 -- First, expired leases go back to the due set (due at once), or to the
 -- dead-letter set when the job has used all its attempts: no reaper process is
--- needed. Then due jobs are claimed in (run_at, enqueue order). When more due
--- jobs remain, one more worker is woken (the wake-up passes on like a baton).
+-- needed. Then due jobs are claimed in (run_at, enqueue order). When the claim
+-- filled its limit and jobs remain that are due now, or due before any lease
+-- ends, one more worker is woken (the wake-up passes on like a baton): the one
+-- token an enqueue pushed was taken by this busy worker, so no idle worker
+-- knows of them otherwise.
 -- One is also woken when the new lease ends before both the head of the due set
 -- and every other lease: a worker asleep toward a far-off job then learns of it,
 -- and recovers the lease on time if this worker dies. Under load this never fires
@@ -22,10 +29,31 @@ local limit = tonumber(ARGV[5])
 local lease = tonumber(ARGV[6])
 local max_recover = tonumber(ARGV[7])
 local now = fmt(NOW)
+local REQUEST = ARGV[8]
+local max_purge = tonumber(ARGV[9])
+local REPLAY_MS = 60000 -- how long a claim request's record is kept for its retry
 
--- Finished records expire by themselves; drop them from the per-state indexes.
+local prior = redis.call('LRANGE', REQUEST, 0, -1)
+if #prior > 0 then
+  local replay = {prior[1], prior[2], '', 0}
+  for i = 3, #prior, 2 do
+    local key = job_key(prior[i])
+    local f = redis.call('HMGET', key, 'state', 'token')
+    if f[1] == 'running' and f[2] == prior[i + 1] then
+      replay[#replay + 1] = prior[i]
+      replay[#replay + 1] = redis.call('HGETALL', key)
+    end
+  end
+  return replay
+end
+
+-- Finished records expire by themselves; drop them from the per-state indexes
+-- (a bounded number per call, so a lowered result_ttl never blocks the server).
 for _, k in pairs(K_DONE) do
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', fmt(NOW_MS))
+  local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_purge)
+  if #old > 0 then
+    redis.call('ZREM', k, unpack(old))
+  end
 end
 
 local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
@@ -62,6 +90,7 @@ if #members > 0 then
   lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
 end
 local claimed = 0
+local record = {now, lease_until_s}
 for _, member in ipairs(members) do
   local id = string.sub(member, 17)
   local key = job_key(id)
@@ -76,15 +105,31 @@ for _, member in ipairs(members) do
       'updated_at', now)
     redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
     claimed = claimed + 1
+    record[#record + 1] = id
+    record[#record + 1] = token
     result[#result + 1] = id
     result[#result + 1] = redis.call('HGETALL', key)
   end
 end
 
+if claimed > 0 then
+  redis.call('RPUSH', REQUEST, unpack(record))
+  redis.call('PEXPIRE', REQUEST, REPLAY_MS)
+end
+
 local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
 local next_ms = tonumber(head[2])
-local wake = #members == limit and next_ms and next_ms <= NOW_MS
 local lease_ms = lease_until * 1000
+local wake = false
+if #members == limit and next_ms then
+  -- Waiters wake by the earliest lease at the latest (see below), so a head
+  -- after it needs no token; one before it (or due now) does.
+  local earliest_lease = lease_ms
+  if lease_before and lease_before < earliest_lease then
+    earliest_lease = lease_before
+  end
+  wake = next_ms <= NOW_MS or next_ms < earliest_lease
+end
 if claimed > 0 and (not next_ms or lease_ms < next_ms)
     and (not lease_before or lease_ms < lease_before) then
   wake = true

@@ -5,7 +5,8 @@
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- ARGV[5]   n, the number of entries; then 5 fields per entry from ARGV[6]:
 --           job id, fencing token, target state ("succeeded" | "skipped": ack,
---           "scheduled": retry, "dead": bury), run_at in epoch seconds (retry; else ""),
+--           "scheduled": retry, "dead": bury, "release": give an unstarted claim
+--           back), run_at in epoch seconds (retry; else ""),
 --           text (ack: outcome note or ""; retry and bury: error text)
 -- Returns {woke (0/1), reply1, ..., replyN}: reply is {1} when applied, or
 -- {0, state, token} when that entry's claim is stale.
@@ -23,7 +24,18 @@ for i = 0, n - 1 do
   if is_stale then
     result[#result + 1] = is_stale
   else
-    if state == 'scheduled' then
+    if state == 'release' then
+      -- Back to its original run_at (its place in the due order), the attempt given back.
+      if not retried then
+        before = head_score()
+        retried = true
+      end
+      redis.call('ZREM', K_RUNNING, id)
+      redis.call('HINCRBY', key, 'attempts', -1)
+      redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
+      redis.call('HDEL', key, 'lease_until')
+      schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
+    elseif state == 'scheduled' then
       if not retried then
         before = head_score()
         retried = true

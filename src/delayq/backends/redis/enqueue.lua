@@ -6,7 +6,8 @@
 -- ARGV[7]   p, the number of profiles: the fields that jobs of one batch usually
 --           share, sent once; then 5 fields per profile from ARGV[8]:
 --           name, max_attempts, backoff (JSON), misfire, created_at (s; 0 = now)
--- then 4 fields per job from ARGV[8 + 5p]: id, payload, run_at (s), profile (1..p)
+-- then 4 fields per job from ARGV[8 + 5p]: id, payload, run_at (epoch s, or "+<s>": that
+-- many seconds after the server's now), profile (1..p)
 -- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced",
 -- or {"conflict", id, state} when nothing was stored.
 local on_conflict = ARGV[5]
@@ -77,7 +78,8 @@ for i = 0, n - 1 do
   end
   if outcomes[i] ~= 'kept' then
     seq = seq + 1
-    local run_at = ARGV[base + 2]
+    local due = due_time(ARGV[base + 2])
+    local run_at = fmt(due)
     local profile = profiles[tonumber(ARGV[base + 3])]
     local member = string.format('%016d', seq) .. id
     redis.call('HSET', key,
@@ -85,7 +87,7 @@ for i = 0, n - 1 do
       'state', 'scheduled', 'attempts', 0, 'max_attempts', profile[2],
       'backoff', profile[3], 'misfire', profile[4], 'created_at', profile[5],
       'updated_at', now, 'seq', seq)
-    local score = tonumber(run_at) * 1000
+    local score = due * 1000
     zadd[#zadd + 1] = score
     zadd[#zadd + 1] = member
     if #zadd >= 1000 then

@@ -2,9 +2,9 @@
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
--- ARGV[6]   run_at in epoch seconds
+-- ARGV[6]   run_at in epoch seconds, or "+<seconds>" after the server's now
 -- Returns {"rescheduled" | "running" | "finished" | "not_found", woke (0/1)}.
-local id, run_at = ARGV[5], ARGV[6]
+local id, run_at = ARGV[5], due_time(ARGV[6])
 local key = job_key(id)
 local state = live_state(key, id)
 if not state then
@@ -16,6 +16,6 @@ elseif state ~= 'scheduled' then
 end
 local before = head_score()
 unschedule(key, id)
-redis.call('HSET', key, 'run_at', run_at, 'updated_at', fmt(NOW))
-schedule(key, id, tonumber(run_at), false)
+redis.call('HSET', key, 'run_at', fmt(run_at), 'updated_at', fmt(NOW))
+schedule(key, id, run_at, false)
 return {'rescheduled', wake_if_earlier(before)}

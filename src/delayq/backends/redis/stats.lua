@@ -2,10 +2,8 @@
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- Returns {scheduled, due, running, succeeded, dead, cancelled, skipped, next_due ("" = none)}.
--- Expired finished records are dropped from their indexes first.
-for _, k in pairs(K_DONE) do
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', fmt(NOW_MS))
-end
+-- Read-only: finished records past their expiry are not counted (claims purge them).
+local live = '(' .. fmt(NOW_MS)
 local next_due = ''
 local head = redis.call('ZRANGE', K_DUE, 0, 0)[1]
 if head then
@@ -15,9 +13,9 @@ return {
   redis.call('ZCARD', K_DUE),
   redis.call('ZCOUNT', K_DUE, '-inf', fmt(NOW_MS)),
   redis.call('ZCARD', K_RUNNING),
-  redis.call('ZCARD', K_DONE.succeeded),
+  redis.call('ZCOUNT', K_DONE.succeeded, live, '+inf'),
   redis.call('ZCARD', K_DEAD),
-  redis.call('ZCARD', K_DONE.cancelled),
-  redis.call('ZCARD', K_DONE.skipped),
+  redis.call('ZCOUNT', K_DONE.cancelled, live, '+inf'),
+  redis.call('ZCOUNT', K_DONE.skipped, live, '+inf'),
   next_due,
 }
