@@ -417,6 +417,21 @@ class DelayQ:
         now). ``job_id`` makes scheduling idempotent: an existing id is rejected
         (:class:`~delayq.errors.JobConflict`), kept (``on_conflict="keep"``) or
         replaced (``"replace"``, e.g. to debounce). ``payload`` must be JSON data.
+
+        The returned id is the same whether the job was created, kept or
+        replaced. To learn which, build the job and store it yourself:
+        ``[outcome] = app.enqueue([app.build(name, payload, ...)], on_conflict="keep")``
+        gives an :class:`~delayq.job.EnqueueOutcome` (``CREATED``, ``KEPT``,
+        ``REPLACED``).
+
+        ``misfire`` decides what happens when the job is claimed late:
+        ``"run"`` (the default) runs it however late; ``"skip"`` skips it when it
+        is claimed more than 1 second after its due time *for any reason*, so it
+        also skips jobs that are late only because the workers are busy (a
+        backlog), not just after downtime; a number of seconds (``misfire=300``)
+        skips only jobs later than that, which is the way to skip what piled up
+        while no worker ran without dropping jobs that merely waited in a queue.
+        A skipped job ends as ``SKIPPED`` with a note saying how late it was.
         """
         policy = check_on_conflict(on_conflict)
         spec = self._build(
@@ -530,7 +545,10 @@ class DelayQ:
     ) -> RescheduleOutcome:
         """Move a scheduled job to a new due time (exactly one of ``delay`` / ``at``)."""
         job_id = check_job_id(job_id)
-        run_at = self._run_at(delay, at, self.clock.time())
+        now = self.clock.time()
+        run_at = self._run_at(delay, at, now)
+        if at is None:  # relative: due on the store's clock
+            return self._backend.reschedule(job_id, delay=run_at - now)
         return self._backend.reschedule(job_id, run_at)
 
     # -- inspection and dead letters ----------------------------------------
@@ -582,6 +600,8 @@ class DelayQ:
         job_id = check_job_id(job_id)
         now = self.clock.time()
         run_at = now if delay is None and at is None else self._run_at(delay, at, now)
+        if at is None:  # relative (or now): due on the store's clock
+            return self._backend.requeue_dead(job_id, delay=run_at - now)
         return self._backend.requeue_dead(job_id, run_at)
 
     def purge_dead(
@@ -668,7 +688,7 @@ class DelayQ:
             id=job_id,
             name=_check_name(name),
             payload=self._encode(payload),
-            run_at=self._run_at(delay, at, now),
+            run_at=(run_at := self._run_at(delay, at, now)),
             max_attempts=(
                 self._default_max_attempts
                 if max_attempts is None
@@ -685,6 +705,9 @@ class DelayQ:
                 else _parsed(options, misfire, self._misfire_spec)
             ),
             created_at=now,
+            # delay= is relative on the STORE's clock (a skewed producer clock
+            # must not move it); run_at is then only this host's estimate.
+            delay=None if at is not None else run_at - now,
         )
 
     def _encode(self, payload: Any) -> str:

@@ -5,6 +5,10 @@ renders the answer as a table (or JSON with ``--json``). The store comes from
 ``--url`` or ``$DELAYQ_URL`` (default: ``sqlite:///delayq.db``).
 
 Exit codes: 0 success, 1 a failure or "not found", 2 bad input.
+
+Stores that forget everything when the process exits (``memory://``,
+``sqlite:///:memory:``) are refused, except by ``demo`` and ``experiment``:
+``delayq schedule`` would report a job that no worker can ever see.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TextIO, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import click
 from rich.console import Console
@@ -31,7 +36,7 @@ from delayq.backoff import parse_duration
 from delayq.demo import DemoConfig, run_demo
 from delayq.errors import DelayqError, InvalidInput
 from delayq.experiments import EXPERIMENTS
-from delayq.job import Job, JobState
+from delayq.job import EnqueueOutcome, Job, JobState
 from delayq.worker import Worker
 
 __all__ = ["main"]
@@ -67,9 +72,36 @@ def _errors() -> Iterator[None]:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
 
+def _forgetful_store(url: str | None) -> str | None:
+    """Why the store at ``url`` loses its jobs when this process exits, or None."""
+    if url is None:
+        return None  # the default: a SQLite file
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return "memory://"
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if path == ":memory:" or path.startswith("file::memory:"):
+            return "an in-memory SQLite database"
+    return None
+
+
+def _require_durable(url: str | None) -> None:
+    """Refuse a store that forgets at exit: a command's jobs would vanish with it."""
+    kind = _forgetful_store(url)
+    if kind is not None:
+        raise _BadInput(
+            f"--url {url}: {kind} keeps jobs only inside this process, so they would vanish "
+            f"when this command exits; use a durable store such as sqlite:///jobs.db or "
+            f"redis://localhost:6379/0 (memory:// suits `delayq demo`, `delayq experiment` "
+            f"and tests)"
+        )
+
+
 @contextmanager
 def _open_app(ctx: click.Context) -> Iterator[DelayQ]:
     settings: _Settings = ctx.ensure_object(_Settings)
+    _require_durable(settings.url)
     with _errors(), DelayQ(settings.url) as app:
         yield app
 
@@ -210,7 +242,7 @@ def _jobs_table(jobs: list[Job], now: float, title: str) -> Table:
     default=None,
     metavar="URL",
     help=f"Store URL (default ${URL_ENV}, else sqlite:///delayq.db): sqlite:///jobs.db, "
-    "memory://, redis://host:6379/0.",
+    "redis://host:6379/0 (memory:// only for demo and experiment).",
 )
 @click.version_option(package_name="delayq")
 @click.pass_context
@@ -302,6 +334,7 @@ def worker(
     grace period to finish; a second signal stops at once.
     """
     settings: _Settings = ctx.ensure_object(_Settings)
+    _require_durable(settings.url)
     with _errors():
         app = _load_app(target, settings.url)
         w = Worker(
@@ -371,7 +404,13 @@ def _due(app: DelayQ, delay: str | None, at: str | None) -> dict[str, float]:
 )
 @click.option("--max-attempts", type=int, default=None, help="Attempts before dead-lettering.")
 @click.option("--backoff", default=None, help="Retry delays, e.g. '2s,5s,10s,20s'.")
-@click.option("--misfire", default=None, help="'run', 'skip' or a grace in seconds.")
+@click.option(
+    "--misfire",
+    default=None,
+    help="What to do when the job is claimed late: 'run' (default), 'skip' (skips it when "
+    "claimed more than 1s late for any reason, a busy worker's backlog included) or a grace "
+    "in seconds (e.g. --misfire 300: skip only when over 5 minutes late, i.e. after downtime).",
+)
 @_JSON_OPTION
 @click.pass_context
 def schedule(
@@ -395,23 +434,30 @@ def schedule(
         raise _BadInput(f"PAYLOAD must be JSON, e.g. '{{\"order\": 42}}': {exc}") from exc
     with _open_app(ctx) as app:
         due = _due(app, delay, at)
-        new_id = app.schedule(
+        # build + enqueue (not schedule) to learn whether the job was kept or replaced.
+        spec = app.build(
             name,
             data,
             job_id=job_id,
-            on_conflict=on_conflict,  # type: ignore[arg-type]
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
             **due,
         )
-        job = app.get(new_id)
+        [outcome] = app.enqueue([spec], on_conflict=on_conflict)  # type: ignore[arg-type]
+        job = app.get(spec.id)
         now = app.clock.time()
     if as_json:
-        _echo_json(job_to_dict(job) if job else {"id": new_id})
+        _echo_json({**(job_to_dict(job) if job else {"id": spec.id}), "outcome": outcome.value})
         return
     due_text = _when(job.run_at, now) if job else "?"
-    click.echo(f"scheduled {new_id} ({name}) due {due_text}")
+    shown = job.name if job else name
+    if outcome is EnqueueOutcome.KEPT:
+        click.echo(f"kept existing job {spec.id} ({shown}) due {due_text}; not changed")
+    elif outcome is EnqueueOutcome.REPLACED:
+        click.echo(f"replaced job {spec.id} ({shown}) due {due_text}")
+    else:
+        click.echo(f"scheduled {spec.id} ({shown}) due {due_text}")
 
 
 @cli.command()

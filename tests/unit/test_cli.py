@@ -86,6 +86,51 @@ def test_schedule_with_a_conflicting_id(url: str) -> None:
     run(url, "schedule", "x", "--delay", "1m", "--id", "dup", "--on-conflict", "keep")
 
 
+def test_schedule_keep_reports_the_existing_job_as_kept(url: str) -> None:
+    run(url, "schedule", "first", '{"v": 1}', "--delay", "1h", "--id", "k")
+    keep = ["--id", "k", "--on-conflict", "keep"]
+    out = run(url, "schedule", "x", '{"v": 2}', "--delay", "1m", *keep).output
+    assert out.startswith("kept existing job k (first) due ") and "in 59m" in out
+    assert "scheduled" not in out
+    job = run_json(url, "schedule", "x", "--delay", "1m", "--id", "k", "--on-conflict", "keep")
+    assert job["outcome"] == "kept" and job["name"] == "first" and job["payload"] == {"v": 1}
+
+
+def test_schedule_replace_reports_the_job_as_replaced(url: str) -> None:
+    first = run_json(url, "schedule", "x", "--delay", "1h", "--id", "r")
+    assert first["outcome"] == "created"
+    out = run(url, "schedule", "y", "--delay", "1m", "--id", "r", "--on-conflict", "replace")
+    assert out.output.startswith("replaced job r (y) due ")
+    assert run_json(url, "get", "r")["name"] == "y"
+
+
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///:memory:", "sqlite:///file::memory:"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["schedule", "x", "--delay", "1m"],
+        ["stats"],
+        ["ls"],
+        ["get", "some-id"],
+        ["cancel", "some-id"],
+        ["dead", "list"],
+        ["worker", "delayq.cli:F"],
+    ],
+    ids=lambda args: args[0] if args[0] != "dead" else "dead-list",
+)
+def test_a_store_that_forgets_at_exit_is_refused(store: str, args: list[str]) -> None:
+    out = run(store, *args, code=2).output
+    assert "keeps jobs only inside this process" in out and "sqlite:///jobs.db" in out
+
+
+def test_a_memory_store_from_the_environment_is_refused_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DELAYQ_URL", "memory://")
+    result = CliRunner().invoke(cli, ["schedule", "x", "--delay", "1m"], catch_exceptions=False)
+    assert result.exit_code == 2 and "keeps jobs only inside this process" in result.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -287,6 +332,20 @@ def test_a_missing_experiment_module_gets_a_clear_message(
 def test_an_unknown_experiment_lists_the_known_ones(url: str) -> None:
     out = run(url, "experiment", "nope", code=2).output
     assert "unknown experiment 'nope'" in out and "retry" in out and "precision" in out
+
+
+def test_experiments_may_use_a_memory_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("delayq_fake_experiment")
+    module.run = lambda out: out.write("ran\n")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "delayq_fake_experiment", module)
+    monkeypatch.setitem(cli_module.EXPERIMENTS, "fake", "delayq_fake_experiment")
+    assert run("memory://", "experiment", "fake").output == "ran\n"
+
+
+def test_the_misfire_help_explains_that_skip_also_skips_backlog() -> None:
+    result = CliRunner().invoke(cli, ["schedule", "--help"], terminal_width=200)
+    text = " ".join(result.output.split())
+    assert "more than 1s late for any reason" in text and "--misfire 300" in text
 
 
 def test_demo_rejects_bad_pacing(url: str) -> None:
