@@ -659,9 +659,7 @@ class Worker:
                 key,
                 rec,
                 "returned",
-                lambda c: Completion.retry(
-                    c, job.run_at, "returned unstarted: the worker was stopping"
-                ),
+                Completion.release,  # the attempt given back, still due at its run_at
             )
             return
         handler = self.app.get_handler(job.name)

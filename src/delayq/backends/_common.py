@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "PURGE_BATCH",
+    "RELEASED_NOTE",
     "TTL_STATES",
     "check_ack_state",
     "check_lease",
@@ -46,6 +47,12 @@ PURGE_BATCH = 1000
 """Finished records purged per claim at most, so a lowered ``result_ttl`` on a
 large store never holds the write lock (or the Redis script) for long; the rest
 go in the next claims (reads already treat them as gone)."""
+
+RELEASED_NOTE = (
+    "returned unstarted: the worker released the claim before its handler started "
+    "(the attempt was given back)"
+)
+"""The ``last_error`` note of a released job (a note, not a failure: no attempt is used)."""
 
 TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
 """Final states purged after ``result_ttl``. DEAD is final too, but dead letters

@@ -256,7 +256,8 @@ class Backend(Protocol):
         The job is SCHEDULED again at its original ``run_at``, so it keeps its
         place in the due order, and the attempt the claim took is given back
         (``attempts`` decremented): a ``max_attempts=1`` job still gets its one
-        run. Nothing is recorded as an error and no backoff applies. Lateness
+        run. No backoff applies; ``last_error`` holds a note saying it was
+        returned unstarted (it is not counted as a failure). Lateness
         (and so the misfire policy) is measured from the original ``run_at``
         as if the job had never been claimed: a job that is overdue when it is
         finally run counts as overdue by the whole wait, the same as when no

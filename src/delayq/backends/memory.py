@@ -18,6 +18,7 @@ from typing import Any
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
     check_lease,
@@ -397,6 +398,7 @@ class MemoryBackend(CompletesInBatches):
                     # Back to its place in the due order, the attempt given back.
                     rec.state = JobState.SCHEDULED
                     rec.attempts = max(0, rec.attempts - 1)
+                    rec.last_error = RELEASED_NOTE
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)

@@ -54,6 +54,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
+    RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
     check_lease,
@@ -167,7 +168,8 @@ _NEXT_LEASE = (
 _ACK = "state = ?, outcome = ?, lease_until = NULL, updated_at = ?"
 _RETRY = "state = 'scheduled', run_at = ?, last_error = ?, lease_until = NULL, updated_at = ?"
 _RELEASE = (
-    "state = 'scheduled', attempts = MAX(attempts - 1, 0), lease_until = NULL, updated_at = ?"
+    "state = 'scheduled', attempts = MAX(attempts - 1, 0), last_error = ?, lease_until = NULL, "
+    "updated_at = ?"
 )
 _BURY = "state = 'dead', last_error = ?, lease_until = NULL, updated_at = ?"
 _TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
@@ -671,7 +673,7 @@ class SQLiteBackend(CompletesInBatches):
             for item in items:
                 if item.released:
                     assignments = _RELEASE
-                    params: tuple[Any, ...] = (now,)
+                    params: tuple[Any, ...] = (RELEASED_NOTE, now)
                 elif item.state is JobState.SCHEDULED:
                     assert item.run_at is not None
                     assignments = _RETRY

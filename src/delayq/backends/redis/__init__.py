@@ -75,6 +75,7 @@ from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
+    RELEASED_NOTE,
     check_ack_state,
     check_lease,
     check_limit,
@@ -663,6 +664,8 @@ class RedisBackend:
         for item in items:
             retrying = item.state is JobState.SCHEDULED
             text = item.error if retrying or item.state is JobState.DEAD else item.outcome
+            if item.released:
+                text = RELEASED_NOTE
             args += (
                 item.claim.job.id,
                 item.claim.token,

@@ -7,7 +7,7 @@
 --           job id, fencing token, target state ("succeeded" | "skipped": ack,
 --           "scheduled": retry, "dead": bury, "release": give an unstarted claim
 --           back), run_at in epoch seconds (retry; else ""),
---           text (ack: outcome note or ""; retry and bury: error text)
+--           text (ack: outcome note or ""; retry and bury: error text; release: its note)
 -- Returns {woke (0/1), reply1, ..., replyN}: reply is {1} when applied, or
 -- {0, state, token} when that entry's claim is stale.
 local n = tonumber(ARGV[5])
@@ -32,7 +32,8 @@ for i = 0, n - 1 do
       end
       redis.call('ZREM', K_RUNNING, id)
       redis.call('HINCRBY', key, 'attempts', -1)
-      redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
+      redis.call('HSET', key, 'state', 'scheduled', 'last_error', ARGV[base + 4],
+        'updated_at', fmt(NOW))
       redis.call('HDEL', key, 'lease_until')
       schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
     elseif state == 'scheduled' then
