@@ -96,3 +96,22 @@ def test_a_claim_behind_an_earlier_lease_wakes_nobody(
     [second] = producer.claim(limit=1, lease=30.0)  # ends after the first lease: no token
     assert (first.job.id, second.job.id) == ("first", "second")
     assert producer._redis.llen(wake) == 0
+
+
+def test_a_claim_that_fills_its_limit_passes_the_token_on_for_a_later_job_of_the_batch(
+    open_redis: Callable[[], RedisBackend],
+) -> None:
+    """One enqueue pushes one token; the busy worker that took it must pass one on
+    when a job it cannot take (its slots are full) is due before any lease ends."""
+    producer = open_redis()
+    sleepers = [Sleeper(open_redis(), max_wait=60), Sleeper(open_redis(), max_wait=60)]
+    assert wait_until(lambda: all(s.blocked for s in sleepers), timeout=5)
+    now = server_time(producer)
+    producer.enqueue([spec("now", now), spec("soon", now + 20)])  # one token
+    assert wait_until(lambda: any(s.done.is_set() for s in sleepers), timeout=5)
+    [missed] = [s for s in sleepers if not s.done.is_set()]
+    assert not missed.done.wait(0.2)  # asleep for up to 60 s, unaware of "soon"
+    # The worker that took the token fills its one slot; its lease outlasts "soon".
+    [claim] = producer.claim(limit=1, lease=60.0)
+    assert claim.job.id == "now"
+    assert missed.done.wait(5), "the idle worker never heard of the job due in 20 s"

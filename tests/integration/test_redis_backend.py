@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from delayq import DelayQ
+from delayq.backends import redis as redis_backend_module
 from delayq.backends.redis import RedisBackend
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
-from delayq.job import Claim, JobSpec, JobState
+from delayq.job import Claim, JobSpec, JobState, RescheduleOutcome
+from delayq.testing import FakeClock
 from tests._util import wait_until
 from tests.redis_support import REDIS_URL, RedisServer, private_redis, redis_prefix
 
@@ -445,3 +448,52 @@ def test_a_claim_whose_reply_is_lost_is_retried_and_returns_the_same_claims(
     finally:
         backend.close()
         proxy.close()
+
+
+# -- review regressions --------------------------------------------------------------
+
+
+def test_a_producer_with_a_skewed_clock_schedules_a_delay_on_the_server_clock(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    """A producer host 5 s behind the Redis server asks for delay=10: the job is
+    due 10 s after the server's now, not 5 s."""
+    backend = open_redis()
+    producer = DelayQ(backend=backend, clock=FakeClock(server_time(backend) - 5.0))
+    before = server_time(backend)
+    job_id = producer.schedule("x", None, delay=10)
+    after = server_time(backend)
+    job = backend.get(job_id)
+    assert job is not None
+    assert before + 10 <= job.run_at <= after + 10
+    assert producer.reschedule(job_id, delay=20) is RescheduleOutcome.RESCHEDULED
+    job = backend.get(job_id)
+    assert job is not None and job.run_at >= after + 20
+
+
+def test_an_unreadable_job_hash_is_buried_and_the_other_jobs_of_the_claim_are_claimed(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    backend = open_redis()
+    now = server_time(backend)
+    backend.enqueue([spec("a", now - 1), spec("bad", now - 1), spec("b", now - 1)])
+    backend._redis.hset(backend._keys["job:"] + "bad", "payload", "{not json")
+    claims = backend.claim(limit=10, lease=30)
+    assert [c.job.id for c in claims] == ["a", "b"]
+    [dead] = backend.dead_letters()
+    assert (dead.id, dead.state, dead.payload) == ("bad", JobState.DEAD, "{not json")
+    assert "cannot decode the stored job" in (dead.last_error or "")
+
+
+def test_a_claim_drops_a_bounded_number_of_expired_finished_records(
+    open_redis: Callable[..., RedisBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_backend_module, "PURGE_BATCH", 10)
+    backend = open_redis()
+    index = backend._keys["succeeded"]
+    backend._redis.zadd(index, {f"old{i}": 1000.0 + i for i in range(25)})  # long expired
+    backend.claim(limit=1, lease=30)
+    assert backend._redis.zcard(index) == 15
+    assert backend.stats().succeeded == 0  # expired records never count
+    backend.claim(limit=1, lease=30)
+    assert backend._redis.zcard(index) == 5

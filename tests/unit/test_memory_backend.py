@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 import delayq.testing
+from delayq import DelayQ
 from delayq.backends import open_backend
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import ConfigurationError, InvalidDelay, InvalidOption, QueueClosed
+from delayq.job import JobState
 from delayq.testing import FakeClock
 from tests.contract._support import spec
 
@@ -66,3 +68,27 @@ def test_calls_after_close_raise_queue_closed_and_waits_return() -> None:
     with pytest.raises(QueueClosed):
         backend.claim(limit=1, lease=5, now=clock.time())
     backend.wait_for_due(3600)  # returns at once: nothing will ever become due
+
+
+def test_an_unreadable_record_is_buried_and_the_other_jobs_of_the_claim_are_claimed() -> None:
+    clock = FakeClock()
+    backend = MemoryBackend(clock=clock)
+    t0 = clock.time()
+    backend.enqueue([spec("a", t0), spec("bad", t0), spec("b", t0)])
+    backend._jobs["bad"].payload = "{not json"  # a record broken behind the API's back
+    claims = backend.claim(limit=10, lease=30, now=t0)
+    assert [c.job.id for c in claims] == ["a", "b"]
+    [dead] = backend.dead_letters()
+    assert (dead.id, dead.state, dead.payload) == ("bad", JobState.DEAD, "{not json")
+    assert "cannot decode the stored job" in (dead.last_error or "")
+
+
+def test_a_skewed_producer_schedules_a_delay_on_the_backend_clock() -> None:
+    """The review's repro on memory: a producer 5 s behind asks for delay=10."""
+    clock = FakeClock()
+    backend = MemoryBackend(clock=clock)
+    producer = DelayQ(backend=backend, clock=FakeClock(clock.time() - 5))
+    job_id = producer.schedule("x", None, delay=10)
+    assert backend.claim(limit=1, lease=5, now=clock.time() + 9.5) == []
+    [claim] = backend.claim(limit=1, lease=5, now=clock.time() + 10)
+    assert claim.job.id == job_id

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from delayq.backends import _wake as wake_module
 from delayq.backends import open_backend
 from delayq.backends import sqlite as sqlite_module
 from delayq.backends._wake import WakeChannel, wake_directory
@@ -522,3 +523,97 @@ def test_a_forked_child_gets_its_own_connection(db: str) -> None:
     finally:
         backend.close()
     assert pragma(db, "integrity_check") == "ok"
+
+
+# -- review regressions --------------------------------------------------------------
+
+
+def test_wake_sockets_of_two_containers_with_the_same_pid_never_collide(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two containers sharing the volume, both PID 1 with the same counter: each
+    keeps its own live socket and both hear a notify."""
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    got = {"a": threading.Event(), "b": threading.Event()}
+    monkeypatch.setattr(wake_module, "_counter", iter(range(1, 100)), raising=False)
+    a = WakeChannel(db, got["a"].set)
+    assert a.listen()
+    monkeypatch.setattr(wake_module, "_counter", iter(range(1, 100)), raising=False)
+    b = WakeChannel(db, got["b"].set)
+    assert b.listen()
+    sender = WakeChannel(db, lambda: None)
+    try:
+        assert a.socket_path != b.socket_path
+        sender.notify()
+        assert got["a"].wait(5) and got["b"].wait(5)
+    finally:
+        for channel in (a, b, sender):
+            channel.close()
+
+
+def test_list_jobs_without_a_state_walks_an_index_instead_of_sorting(
+    db: str, clock: FakeClock
+) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal")
+    try:
+        t0 = clock.time()
+        backend.enqueue([spec(f"j{i}", t0 + i) for i in range(500)])
+        backend._conn.execute("ANALYZE")
+        query = (
+            f"{sqlite_module._SELECT} WHERE {sqlite_module._NOT_EXPIRED} "
+            f"ORDER BY run_at, seq LIMIT ?"
+        )
+        plan = " | ".join(
+            row[3] for row in backend._conn.execute(f"EXPLAIN QUERY PLAN {query}", (t0, 10))
+        )
+        assert [j.id for j in backend.list_jobs(limit=3)] == ["j0", "j1", "j2"]
+    finally:
+        backend.close()
+    assert "TEMP B-TREE" not in plan, plan
+    assert "delayq_jobs_run_at" in plan, plan
+
+
+def test_a_claim_purges_a_bounded_number_of_finished_records(
+    db: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "PURGE_BATCH", 10)
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal", result_ttl=60)
+    try:
+        t0 = clock.time()
+        backend.enqueue([spec(f"j{i}", t0) for i in range(25)])
+        for claim in backend.claim(limit=25, lease=30, now=t0):
+            backend.ack(claim)
+        clock.advance(120)
+
+        def rows() -> int:
+            return int(backend._conn.execute("SELECT COUNT(*) FROM delayq_jobs").fetchone()[0])
+
+        assert backend.get("j0") is None  # past result_ttl: gone for readers at once
+        backend.claim(limit=1, lease=30)
+        assert rows() == 15
+        backend.claim(limit=1, lease=30)  # a full batch: the next claim goes on at once
+        assert rows() == 5
+        backend.claim(limit=1, lease=30)
+        assert rows() == 0
+    finally:
+        backend.close()
+
+
+def test_an_unreadable_row_is_buried_and_the_other_jobs_of_the_claim_are_claimed(
+    db: str, clock: FakeClock
+) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal")
+    try:
+        t0 = clock.time()
+        backend.enqueue([spec("a", t0), spec("bad", t0), spec("b", t0)])
+        backend._conn.execute("UPDATE delayq_jobs SET payload = '{not json' WHERE id = 'bad'")
+        claims = backend.claim(limit=10, lease=30, now=t0)
+        assert [c.job.id for c in claims] == ["a", "b"]
+        assert claims[0].job.payload == {"id": "a"}
+        [dead] = backend.dead_letters()
+        assert dead.id == "bad" and dead.state is JobState.DEAD
+        assert dead.payload == "{not json"  # still readable for inspection
+        assert "cannot decode the stored job" in (dead.last_error or "")
+        assert backend.stats().running == 2
+    finally:
+        backend.close()

@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from delayq._validate import check_job_id
 from delayq.backends.base import Completion
@@ -30,6 +31,7 @@ __all__ = [
     "check_run_at",
     "check_spec",
     "check_when",
+    "readable_json",
     "undecodable_error",
     "format_time",
     "lease_expired_error",
@@ -157,6 +159,16 @@ def check_spec(spec: object) -> JobSpec:
     if _finite(spec.created_at) is None:
         raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
     return spec
+
+
+def readable_json(text: str) -> Any:
+    """Stored JSON for inspection (get, list_jobs, dead_letters): the raw text when
+    it does not decode, so a broken record can still be looked at (claim buries
+    such a job with the reason in ``last_error``)."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        return text
 
 
 def undecodable_error(exc: BaseException) -> str:

@@ -30,6 +30,7 @@ from delayq.backends._common import (
     check_when,
     lease_expired_error,
     lease_expired_note,
+    readable_json,
     stale_claim,
     undecodable_error,
 )
@@ -75,11 +76,13 @@ class _Record:
     token: int = 0
     version: int = 0  # bumped on every change that invalidates heap entries
 
-    def to_job(self) -> Job:
+    def to_job(self, *, strict: bool = False) -> Job:
+        """The job; ``strict`` (claim) raises on a payload that does not decode,
+        otherwise (inspection) it is returned as its raw text."""
         return Job(
             id=self.id,
             name=self.name,
-            payload=decode_payload(self.payload),
+            payload=decode_payload(self.payload) if strict else readable_json(self.payload),
             run_at=self.run_at,
             state=self.state,
             attempts=self.attempts,
@@ -357,7 +360,7 @@ class MemoryBackend(CompletesInBatches):
                 rec.attempts += 1
                 try:
                     job = replace(
-                        rec.to_job(),
+                        rec.to_job(strict=True),
                         state=JobState.RUNNING,
                         lease_until=at + lease,
                         updated_at=at,

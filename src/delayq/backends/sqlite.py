@@ -66,6 +66,7 @@ from delayq.backends._common import (
     check_when,
     lease_expired_error,
     lease_expired_note,
+    readable_json,
     stale_claim,
     undecodable_error,
 )
@@ -180,16 +181,18 @@ _NOT_EXPIRED = (
 Row = tuple[Any, ...]
 
 
-def _to_job(row: Row) -> Job:
+def _to_job(row: Row, *, strict: bool = False) -> Job:
+    """The job of a row. ``strict`` (claim) raises on a payload or backoff that does
+    not decode; otherwise (inspection) such a field is returned as its raw text."""
     return Job(
         id=row[1],
         name=row[2],
-        payload=decode_payload(row[3]),
+        payload=decode_payload(row[3]) if strict else readable_json(row[3]),
         run_at=row[4],
         state=JobState(row[5]),
         attempts=row[6],
         max_attempts=row[7],
-        backoff=json.loads(row[8]),
+        backoff=json.loads(row[8]) if strict else readable_json(row[8]),
         misfire=row[9],
         created_at=row[10],
         updated_at=row[11],
@@ -627,7 +630,7 @@ class SQLiteBackend(CompletesInBatches):
             for row in rows:
                 try:
                     job = replace(
-                        _to_job(row),
+                        _to_job(row, strict=True),
                         state=JobState.RUNNING,
                         attempts=row[6] + 1,
                         lease_until=lease_until,

@@ -84,6 +84,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    readable_json,
     stale_claim,
     undecodable_error,
 )
@@ -247,16 +248,18 @@ def _when(run_at: float | None, delay: float | None) -> str:
     return repr(run_at) if delay is None else f"+{delay!r}"
 
 
-def _job(job_id: str, f: dict[str, str]) -> Job:
+def _job(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
+    """The job of a hash's fields. ``strict`` (claim) raises on a payload or backoff
+    that does not decode; otherwise (inspection) such a field is its raw text."""
     return Job(
         id=job_id,
         name=f["name"],
-        payload=decode_payload(f["payload"]),
+        payload=decode_payload(f["payload"]) if strict else readable_json(f["payload"]),
         run_at=float(f["run_at"]),
         state=JobState(f["state"]),
         attempts=int(f["attempts"]),
         max_attempts=int(f["max_attempts"]),
-        backoff=json.loads(f["backoff"]),
+        backoff=json.loads(f["backoff"]) if strict else readable_json(f["backoff"]),
         misfire=f["misfire"],
         created_at=float(f["created_at"]),
         updated_at=float(f["updated_at"]),
@@ -618,7 +621,7 @@ class RedisBackend:
             fields = _pairs(reply[i + 1])
             token = int(fields["token"])
             try:
-                job = _job(reply[i], fields)
+                job = _job(reply[i], fields, strict=True)
             except (ValueError, TypeError, KeyError) as exc:
                 self._bury_unreadable(reply[i], token, exc)
                 continue
