@@ -750,9 +750,9 @@ class Worker:
                 result = handler.call(payload, ctx) if awaitable is None else awaitable
                 if inspect.isawaitable(result):
                     await result
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
+            except (asyncio.CancelledError, GeneratorExit):
+                raise  # a cancellation, or this coroutine being closed: not swallowed
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt: would end the loop
                 return exc
             return None
 

@@ -710,8 +710,7 @@ def test_a_closed_event_loop_is_replaced_for_the_next_async_job(h: Harness) -> N
     assert h.next_result().outcome == "succeeded"
     dead_loop = worker._loop
     assert dead_loop is not None
-    dead_loop.loop.call_soon_threadsafe(dead_loop.loop.stop)
-    dead_loop._closing = True  # as if shut down: the loop thread ends and closes it
+    dead_loop.shutdown()  # the loop thread ends and closes the loop
     assert wait_until(dead_loop.loop.is_closed, TIMEOUT)
     job_id = h.app.schedule("fine", delay=0)
     assert h.next_result().outcome == "succeeded"
@@ -783,7 +782,7 @@ def test_a_claim_is_out_of_flight_before_its_lock_is_released_after_the_ack(h: H
             return self._lock.acquire(*args)
 
         def release(self) -> None:
-            inflight = worker_box[0]._inflight.values()
+            inflight = list(worker_box[0]._inflight.values())
             released_in_flight.append(any(r is self._rec for r in inflight))
             self._lock.release()
 
@@ -794,13 +793,15 @@ def test_a_claim_is_out_of_flight_before_its_lock_is_released_after_the_ack(h: H
             self.release()
 
     def handler(payload: Any) -> None:
-        for rec in worker_box[0]._inflight.values():
+        for rec in list(worker_box[0]._inflight.values()):
             if rec.claim.job.id == payload:
                 rec.lock = WatchedLock(rec)  # type: ignore[assignment]
 
     h.app.register("x", handler)
     job_id = h.app.schedule("x", delay=0, job_id="watched", payload="watched")
-    worker_box.append(h.start())
+    h.worker = Worker(h.app, **h.options)
+    worker_box.append(h.worker)
+    h.worker.start()
     assert h.next_result().outcome == "succeeded"
     assert h.job(job_id).state is JobState.SUCCEEDED
     assert released_in_flight == [False]
