@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
 import queue
 import signal
@@ -617,6 +618,31 @@ def test_sigterm_stops_run_gracefully() -> None:
     sender.join(TIMEOUT)
     assert not worker.running
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_run_in_the_main_thread_freezes_the_startup_heap_until_it_returns() -> None:
+    h = Harness()
+    worker = Worker(h.app, **h.options)
+    frozen_while_running: list[int] = []
+
+    def stop_when_running() -> None:
+        assert wait_until(lambda: worker.running, TIMEOUT)
+        frozen_while_running.append(gc.get_freeze_count())
+        worker.stop(grace=0, wait=False)
+
+    assert gc.get_freeze_count() == 0
+    stopper = threading.Thread(target=stop_when_running)
+    stopper.start()
+    worker.run()
+    stopper.join(TIMEOUT)
+    assert frozen_while_running[0] > 0  # the heap built before run() was frozen
+    assert gc.get_freeze_count() == 0  # and given back to the collector afterwards
+
+
+def test_a_worker_started_in_the_background_leaves_the_collector_alone(h: Harness) -> None:
+    h.start()
+    assert wait_until(lambda: h.worker is not None and h.worker.running, TIMEOUT)
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_worker_cannot_be_started_twice(h: Harness) -> None:
