@@ -43,7 +43,9 @@ every other lease pushes one too (so a worker asleep toward a far-off job
 recovers that lease on time if the claimer dies). Redis fires ``BLPOP``
 timeouts on its ~100 ms cron tick, so the precise deadline is kept by the
 client: it waits on the socket itself and, when its deadline passes first,
-ends the ``BLPOP`` with ``CLIENT UNBLOCK``.
+ends the ``BLPOP`` with ``CLIENT UNBLOCK``. A long wait toward a due time
+returns 50 ms early, so the slow first round trips after a quiet spell (a
+halted idle CPU, cold caches) are over before the job is due.
 An idle worker with nothing due for an hour sends a handful of commands an hour.
 
 ``expiry_events=True`` adds the classic key-expiry trigger: each scheduled job
@@ -175,10 +177,10 @@ _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds scri
 _WAKE_KEY_TTL_MS = 60_000  # private wake lists vanish if their waiter is gone
 _UNBLOCK_GRACE = 0.25  # seconds to wait for the reply after CLIENT UNBLOCK
 _LOCAL_WAIT = 0.010  # waits up to this long sleep locally instead of BLPOP
-# A wait toward a due time longer than _WARM_AFTER ends its BLPOP _WARM_LEAD
-# early and blocks again for the rest (see wait_for_due).
-_WARM_AFTER = 0.050
-_WARM_LEAD = 0.025
+# A wait toward a due time longer than _WARM_AFTER returns _WARM_LEAD early, so
+# the caller's next claim and wait warm up before the job is due (see wait_for_due).
+_WARM_AFTER = 0.100
+_WARM_LEAD = 0.050
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait_for_due
 _OUTAGE_PAUSE = 0.5  # seconds wait_for_due pauses when Redis is unreachable
 
@@ -725,14 +727,14 @@ class RedisBackend:
                 return
             with self._lock:
                 self._in_redis.add(key)  # from now on, interrupt() pushes to its list
-            # Warm-up: after a long quiet spell the first round trips are slow
-            # (measured 2-9 ms each on 2-vCPU VMs whose idle CPUs halt, against
-            # 0.1 ms warm), and a due time costs three in a row: the client's
-            # own timer, CLIENT UNBLOCK, then the claim. So a wait that ends at
-            # a due time (not one cut by max_wait) ends its BLPOP _WARM_LEAD
-            # early and blocks again, briefly and warm, for the rest: the slow
-            # wake-up is paid before the job is due, and a wake-up token still
-            # ends either BLPOP at once.
+            # Warm-up: after a quiet spell of a second or more, everything is
+            # slow for the first tens of milliseconds (measured on 2-vCPU VMs
+            # whose idle CPUs halt: the client's timer fires 2-20 ms late, CLIENT
+            # UNBLOCK and the first claim take 2-15 ms each, against 0.1-0.3 ms
+            # warm). So a wait that ends at a due time (not one cut by max_wait)
+            # returns _WARM_LEAD early: the caller's claim finds nothing yet and
+            # its next wait, short and warm, ends at the due time. One claim
+            # more per long wait; a wake-up token still ends the wait at once.
             if until is not None and until <= max_wait and timeout > _WARM_AFTER:
                 timeout -= _WARM_LEAD
             if not event.is_set():
