@@ -566,23 +566,33 @@ class SQLiteBackend(CompletesInBatches):
         self._wake_if_earlier(earliest, head)
         return outcomes
 
+    def _scheduled_seq(
+        self, conn: sqlite3.Connection, job_id: str, now: float
+    ) -> tuple[int | None, str]:
+        """The row of a SCHEDULED job, or None and why not: ``running``,
+        ``finished`` or ``not_found`` (the values Cancel/RescheduleOutcome share)."""
+        row = conn.execute(
+            "SELECT seq, state, updated_at FROM delayq_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        if row is None or self._is_expired(row[1], row[2], now):
+            return None, "not_found"
+        state = JobState(row[1])
+        if state is JobState.RUNNING:
+            return None, "running"
+        if state is not JobState.SCHEDULED:
+            return None, "finished"
+        return int(row[0]), "scheduled"
+
     def cancel(self, job_id: str) -> CancelOutcome:
         with self._write("cancelling") as conn:
             now = self._clock.time()
-            row = conn.execute(
-                "SELECT seq, state, updated_at FROM delayq_jobs WHERE id = ?", (job_id,)
-            ).fetchone()
-            if row is None or self._is_expired(row[1], row[2], now):
-                return CancelOutcome.NOT_FOUND
-            state = JobState(row[1])
-            if state is JobState.RUNNING:
-                return CancelOutcome.RUNNING
-            if state is not JobState.SCHEDULED:
-                return CancelOutcome.FINISHED
+            seq, verdict = self._scheduled_seq(conn, job_id, now)
+            if seq is None:
+                return CancelOutcome(verdict)
             conn.execute(
                 "UPDATE delayq_jobs SET state = 'cancelled', outcome = 'cancelled', "
                 "updated_at = ? WHERE seq = ?",
-                (now, row[0]),
+                (now, seq),
             )
             return CancelOutcome.CANCELLED
 
@@ -594,20 +604,13 @@ class SQLiteBackend(CompletesInBatches):
             now = self._clock.time()
             run_at = now + after if after is not None else at
             assert run_at is not None
-            row = conn.execute(
-                "SELECT seq, state, updated_at FROM delayq_jobs WHERE id = ?", (job_id,)
-            ).fetchone()
-            if row is None or self._is_expired(row[1], row[2], now):
-                return RescheduleOutcome.NOT_FOUND
-            state = JobState(row[1])
-            if state is JobState.RUNNING:
-                return RescheduleOutcome.RUNNING
-            if state is not JobState.SCHEDULED:
-                return RescheduleOutcome.FINISHED
+            seq, verdict = self._scheduled_seq(conn, job_id, now)
+            if seq is None:
+                return RescheduleOutcome(verdict)
             head = self._head(conn)
             conn.execute(
                 "UPDATE delayq_jobs SET run_at = ?, updated_at = ? WHERE seq = ?",
-                (run_at, now, row[0]),
+                (run_at, now, seq),
             )
         self._wake_if_earlier(run_at, head)
         return RescheduleOutcome.RESCHEDULED
