@@ -434,7 +434,7 @@ class DelayQ:
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
         """
         policy = check_on_conflict(on_conflict)
-        spec = self._build(
+        spec = self.build(
             name,
             payload,
             delay=delay,
@@ -443,7 +443,6 @@ class DelayQ:
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
-            now=self.clock.time(),
         )
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
