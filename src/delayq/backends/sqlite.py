@@ -374,32 +374,23 @@ class SQLiteBackend(CompletesInBatches):
                 self._wake = WakeChannel(self.path, self._woken)
         return self._conn
 
-    @contextlib.contextmanager
-    def _write(self, doing: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """A ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on error."""
+        return self._transaction("BEGIN IMMEDIATE", doing)
+
+    def _read(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot for several statements."""
+        return self._transaction("BEGIN", doing)
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str, doing: str) -> Iterator[sqlite3.Connection]:
         with self._db_lock:
             conn = self._connection()
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(begin)
             except sqlite3.Error as exc:
                 raise self._wrap(exc, doing) from exc
             try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise self._wrap(exc, doing) from exc
-                raise
-
-    @contextlib.contextmanager
-    def _read(self, doing: str) -> Iterator[sqlite3.Connection]:
-        """A read transaction: one consistent snapshot for several statements."""
-        with self._db_lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN")
                 yield conn
                 conn.execute("COMMIT")
             except BaseException as exc:
