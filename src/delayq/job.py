@@ -58,21 +58,66 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED,
 
 
 class CancelOutcome(StrEnum):
-    """The definite answer of ``cancel(job_id)``."""
+    """The definite answer of ``cancel(job_id)``.
 
-    CANCELLED = "cancelled"
-    RUNNING = "running"  # already running: not cancelled
+    ``CANCELLED`` means no attempt of the job had ever started: nothing ran.
+    ``CANCELLED_AFTER_ATTEMPT`` means it is cancelled now, but an earlier
+    attempt had started (it failed and waited for a retry, or its worker lost
+    the lease, so the store cannot know whether the handler ran). Test
+    ``outcome.cancelled`` for "will not run again" and
+    ``outcome.attempt_started`` for "may have run".
+    """
+
+    CANCELLED = "cancelled"  # cancelled; no attempt had started
+    CANCELLED_AFTER_ATTEMPT = "cancelled_after_attempt"  # cancelled; an attempt had started
+    RUNNING = "running"  # running under a live lease: not cancelled
     FINISHED = "finished"  # already finished (succeeded, dead, cancelled or skipped)
     NOT_FOUND = "not_found"
 
+    @classmethod
+    def done(cls, attempts: int) -> CancelOutcome:
+        """The outcome of a cancel that took effect on a job with ``attempts`` started."""
+        return cls.CANCELLED_AFTER_ATTEMPT if attempts > 0 else cls.CANCELLED
+
+    @property
+    def cancelled(self) -> bool:
+        """The job is cancelled by this call: it will not run (again)."""
+        return self is CancelOutcome.CANCELLED or self is CancelOutcome.CANCELLED_AFTER_ATTEMPT
+
+    @property
+    def attempt_started(self) -> bool:
+        """An attempt had started before this cancel (its handler may have run)."""
+        return self is CancelOutcome.CANCELLED_AFTER_ATTEMPT or self is CancelOutcome.RUNNING
+
 
 class RescheduleOutcome(StrEnum):
-    """The definite answer of ``reschedule(job_id, ...)``."""
+    """The definite answer of ``reschedule(job_id, ...)`` (see :class:`CancelOutcome`)."""
 
-    RESCHEDULED = "rescheduled"
-    RUNNING = "running"
+    RESCHEDULED = "rescheduled"  # moved; no attempt had started
+    RESCHEDULED_AFTER_ATTEMPT = "rescheduled_after_attempt"  # moved; an attempt had started
+    RUNNING = "running"  # running under a live lease: not moved
     FINISHED = "finished"
     NOT_FOUND = "not_found"
+
+    @classmethod
+    def done(cls, attempts: int) -> RescheduleOutcome:
+        """The outcome of a reschedule that took effect on a job with ``attempts`` started."""
+        return cls.RESCHEDULED_AFTER_ATTEMPT if attempts > 0 else cls.RESCHEDULED
+
+    @property
+    def rescheduled(self) -> bool:
+        """The job was moved by this call."""
+        return (
+            self is RescheduleOutcome.RESCHEDULED
+            or self is RescheduleOutcome.RESCHEDULED_AFTER_ATTEMPT
+        )
+
+    @property
+    def attempt_started(self) -> bool:
+        """An attempt had started before this call (its handler may have run)."""
+        return (
+            self is RescheduleOutcome.RESCHEDULED_AFTER_ATTEMPT or self is RescheduleOutcome.RUNNING
+        )
 
 
 class EnqueueOutcome(StrEnum):

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from delayq.backends.base import FEATURES as STORE_FEATURES
 from delayq.backends.base import Backend
 from delayq.testing import FakeClock
 
 __all__ = ["BACKEND_FACTORIES", "FEATURES", "BackendFactory", "OpenBackend"]
 
-FEATURES = frozenset({"clock", "shared", "durable"})
+FEATURES = frozenset(STORE_FEATURES)
 
 
 class OpenBackend(Protocol):

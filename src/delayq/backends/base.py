@@ -70,7 +70,24 @@ from delayq.job import (
     Stats,
 )
 
-__all__ = ["Backend", "Completion"]
+__all__ = ["FEATURES", "Backend", "Completion"]
+
+FEATURES: dict[str, str] = {
+    "clock": "takes clock= and uses it for every time not passed as now= (tests)",
+    "shared": "several handles (processes, hosts) on one store see the same jobs",
+    "durable": "jobs survive closing and reopening the store (and a process crash)",
+    "server_clock": "'due' is decided on one server's clock, never a worker's",
+    "definite_cancel": "cancel / reschedule answer definitely, also racing a claim",
+    "inspect": "get, list_jobs, stats and dead_letters see every job",
+    "transactional_enqueue": "enqueue can join the caller's own database transaction",
+    "recurring": "stores recurring schedules (cron / every)",
+}
+"""The promises a store may declare in its class attribute ``features``.
+
+Every store class declares ``features: ClassVar[frozenset[str]]`` with names
+from this vocabulary; the contract suite runs every test whose features the
+store declares, and the README shows one table of stores x promises.
+"""
 
 _COMPLETION_STATES = frozenset(
     {JobState.SUCCEEDED, JobState.SKIPPED, JobState.SCHEDULED, JobState.DEAD}
@@ -186,6 +203,9 @@ class Backend(Protocol):
 
     url: str
     """The URL this backend was opened with (credentials masked)."""
+
+    features: frozenset[str]
+    """The promises this store keeps (names from :data:`FEATURES`)."""
 
     # -- producers ----------------------------------------------------------
     def enqueue(

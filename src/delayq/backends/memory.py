@@ -14,7 +14,7 @@ import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
@@ -117,6 +117,8 @@ class MemoryBackend(CompletesInBatches):
     The three heaps use lazy deletion: an entry is live only while its
     ``version`` (or token) still matches the record.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset({"clock", "definite_cancel", "inspect"})
 
     def __init__(
         self,

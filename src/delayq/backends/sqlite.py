@@ -48,7 +48,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from delayq.backends._common import (
@@ -234,6 +234,10 @@ class SQLiteBackend(CompletesInBatches):
     waiting happens under it. ``_cond`` (its own lock) guards ``_wake_gen`` and is
     notified when the schedule moved earlier, on :meth:`interrupt` and on close.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "shared", "durable", "definite_cancel", "inspect"}
+    )
 
     def __init__(
         self,

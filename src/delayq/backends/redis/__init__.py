@@ -70,7 +70,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from delayq._validate import check_seconds
@@ -341,6 +341,10 @@ class RedisBackend:
     Everything else is set in ``__init__`` and not reassigned (redis-py clients
     and their pools are thread-safe). No user code runs under it.
     """
+
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect"}
+    )
 
     def __init__(
         self,
