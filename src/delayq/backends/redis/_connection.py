@@ -52,6 +52,33 @@ SCRIPT_NAMES = (
 )
 """The Lua scripts, one file each (``<name>.lua``), each prefixed with ``_lib.lua``."""
 
+SCRIPT_FLAGS = {
+    # Calls that add work are refused as a whole when Redis is out of memory
+    # (maxmemory reached under noeviction): the caller gets a BackendError and
+    # nothing is written, never half a batch.
+    "enqueue": "",
+    "reschedule": "",
+    "requeue_dead": "",
+    # Calls that finish, renew, hand out or free work go on: refusing them would
+    # stop the draining that frees memory, let leases lapse (handlers run twice)
+    # and strand claimed jobs. Each writes a few bytes per job at most.
+    "claim": "allow-oom",
+    "ack": "allow-oom",
+    "retry": "allow-oom",
+    "bury": "allow-oom",
+    "complete": "allow-oom",
+    "extend": "allow-oom",
+    "cancel": "allow-oom",
+    "purge_dead": "allow-oom",
+    "get": "allow-oom",  # deletes expired finished records it meets
+    # Reads.
+    "next_wake": "no-writes",
+    "stats": "no-writes",
+}
+"""What each script does when Redis is out of memory, as its ``#!lua flags=``
+line (Redis 7 and later check it before the script runs; older servers get the
+scripts without it and refuse the first memory-growing command inside one)."""
+
 # URL query parameters that are delayq options, not redis-py connection options.
 _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "queue": str,
@@ -73,6 +100,17 @@ def _load_scripts() -> dict[str, str]:
 
 
 SCRIPTS = _load_scripts()
+"""Each script's text without its flags line (for servers before Redis 7)."""
+
+
+def _flagged(name: str) -> str:
+    flags = SCRIPT_FLAGS[name]
+    shebang = f"#!lua flags={flags}" if flags else "#!lua"
+    return f"{shebang}\n{SCRIPTS[name]}"
+
+
+FLAGGED_SCRIPTS = {name: _flagged(name) for name in SCRIPT_NAMES}
+"""Each script's text as loaded on Redis 7 and later: its flags line first."""
 
 
 def mask(url: str) -> str:
@@ -106,6 +144,12 @@ def mapped_errors(url: str) -> Iterator[None]:
     """Turn redis-py errors raised in the block into delayq errors naming ``url``."""
     try:
         yield
+    except redis.exceptions.OutOfMemoryError as exc:
+        raise BackendError(
+            f"Redis at {url} is out of memory (maxmemory reached) and refused the call; "
+            f"nothing was written. Raise maxmemory, purge finished or dead jobs, or "
+            f"lower result_ttl: {exc}"
+        ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise BackendUnavailable(f"Redis at {url} is unreachable: {exc}") from exc
     except redis.RedisError as exc:
@@ -132,9 +176,18 @@ class Connection:
         kwargs = self.client.connection_pool.connection_kwargs
         self.db = int(kwargs.get("db", 0) or 0)
         self.address = f"{kwargs.get('host')}:{kwargs.get('port')}/{self.db}"
+        self._texts = FLAGGED_SCRIPTS
         self._scripts: dict[str, Script] = {
-            name: self.client.register_script(text) for name, text in SCRIPTS.items()
+            name: self.client.register_script(text) for name, text in self._texts.items()
         }
+
+    def use_unflagged_scripts(self) -> None:
+        """Load the scripts without their flags line (a server before Redis 7).
+
+        Called once at start-up, before the store is shared between threads.
+        """
+        self._texts = SCRIPTS
+        self._scripts = {name: self.client.register_script(t) for name, t in SCRIPTS.items()}
 
     def call(self, fn: Callable[[], T], *, retry: bool = False) -> T:
         """Run a Redis call, mapping driver errors; ``retry`` once if it is safe."""
@@ -159,7 +212,7 @@ class Connection:
                 return script(keys=keys, args=args)
             except redis.exceptions.NoScriptError:
                 # Flushed again between the reload and the retry: send the body.
-                return self.client.eval(SCRIPTS[name], len(keys), *keys, *args)
+                return self.client.eval(self._texts[name], len(keys), *keys, *args)
 
         return self.call(run, retry=retry)
 

@@ -148,6 +148,9 @@ class RedisBackend:
             "socket_keepalive": True,
             **(client_options or {}),
         }
+        # A claim's record serves its one retry, which follows a lost reply
+        # within about one socket timeout: keep it for two, and 5 s more.
+        self._replay_ms = int((2 * socket_timeout + 5) * 1000)
         self._conn = Connection(redis_url, self.url, options)
         self._redis = self._conn.client
         self._db = self._conn.db
@@ -178,7 +181,10 @@ class RedisBackend:
     # -- internals ------------------------------------------------------------
     def _check_server(self, configure: bool) -> None:
         """Refuse a server that may evict pending jobs; set up expiry events if asked."""
-        info = self._call(lambda: self._redis.info("memory"), retry=True)
+        info = self._call(self._redis.info, retry=True)
+        major = int(str(info.get("redis_version", "7")).split(".")[0] or 7)
+        if major < 7:
+            self._conn.use_unflagged_scripts()
         policy = str(info.get("maxmemory_policy", "noeviction"))
         if policy.startswith("allkeys-"):
             raise ConfigurationError(
@@ -222,8 +228,16 @@ class RedisBackend:
         return ""
 
     def _run(
-        self, name: str, args: Sequence[Any] = (), *, now: float | None = None, retry: bool = False
+        self,
+        name: str,
+        args: Sequence[Any] = (),
+        *,
+        now: float | None = None,
+        retry: bool = False,
+        keys: Sequence[str] = (),
     ) -> Any:
+        """Run script ``name`` with the queue's fixed keys plus ``keys``, the four
+        common arguments (see ``_lib.lua``) plus ``args``."""
         self._check_open()
         full = [
             self._keys["job:"],
@@ -232,7 +246,7 @@ class RedisBackend:
             self._keys["shadow:"] if self._expiry_events else "",
             *args,
         ]
-        return self._conn.script(name, self._key_list, full, retry=retry)
+        return self._conn.script(name, [*self._key_list, *keys], full, retry=retry)
 
     def _stale(self, claim: Claim, reply: Sequence[Any]) -> StaleClaim:
         state = JobState(reply[1]) if reply[1] else None
@@ -325,12 +339,13 @@ class RedisBackend:
         lease = check_lease(lease)
         # The request key makes the one retry safe: if the first call ran but its
         # reply was lost, the retry finds the key and returns that call's claims.
-        request = f"{self._keys['claim:']}{uuid.uuid4().hex}"
+        request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
         reply = self._run(
             "claim",
-            [limit, repr(lease), _RECOVER_PER_CLAIM, request, PURGE_BATCH],
+            [limit, repr(lease), _RECOVER_PER_CLAIM, self._replay_ms, PURGE_BATCH],
             now=now,
             retry=True,
+            keys=[request],
         )
         claimed_at = float(reply[0])
         lease_until = float(reply[1])

@@ -9,6 +9,7 @@ clock it waits on that clock instead, woken only by handles in this process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -33,6 +34,8 @@ _WARM_AFTER = 0.100
 _WARM_LEAD = 0.050
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait
 _OUTAGE_PAUSE = 0.5  # seconds wait pauses when Redis is unreachable
+_EARLIER = 0.001  # a due time learnt from a wake token this much earlier is news
+_SHARED, _PRIVATE = "shared", "private"  # which wake list ended a BLPOP
 
 log = logging.getLogger("delayq.redis")
 
@@ -94,7 +97,8 @@ class Waiting:
         self._next_wake = next_wake
         self._lock = threading.Lock()
         self._waiters: dict[str, threading.Event] = {}  # private wake list -> local event
-        self._in_redis: set[str] = set()  # private wake lists of waiters blocked in BLPOP
+        # private wake list -> client id of its BLPOP connection (None until known)
+        self._in_redis: dict[str, int | None] = {}
         self._hint = threading.local()  # per thread: (monotonic, seconds to next) of last claim
         self.closed = False
         self._subscriber: _ExpirySubscriber | None = None
@@ -109,6 +113,12 @@ class Waiting:
 
         Never raises for an unreachable Redis: it pauses up to half a second and
         returns, so the caller's next ``claim`` reports the outage.
+
+        The shared wake token passes on: a waiter it wakes that learns of an
+        earlier due time (not due yet) than it knew pushes the token again, so
+        every blocked waiter learns of it in turn (one wake-up each) and none
+        depends on the first one staying alive until then. A waiter that is
+        being stopped when it takes the token puts it back.
         """
         if self._clock is not None:
             self._wait_on_clock(self._clock, max_wait)
@@ -130,7 +140,7 @@ class Waiting:
                 event.wait(timeout)
                 return
             with self._lock:
-                self._in_redis.add(key)  # from now on, interrupt() pushes to its list
+                self._in_redis.setdefault(key, None)  # now interrupt() pushes to its list
             # Warm-up: after a quiet spell of a second or more, everything is
             # slow for the first tens of milliseconds (measured on 2-vCPU VMs
             # whose idle CPUs halt: the client's timer fires 2-20 ms late, CLIENT
@@ -141,8 +151,11 @@ class Waiting:
             # more per long wait; a wake-up token still ends the wait at once.
             if until is not None and until <= max_wait and timeout > _WARM_AFTER:
                 timeout -= _WARM_LEAD
-            if not event.is_set():
-                self._block(key, timeout)
+            if event.is_set():
+                return
+            blocked_at = SYSTEM_CLOCK.monotonic()
+            if self._block(key, timeout) == _SHARED:
+                self._took_shared(event, None if until is None else blocked_at + until)
         except BackendUnavailable as exc:
             # Waiting is not an operation the caller can fail on: pause briefly
             # and let its next claim report the outage (and back off).
@@ -151,7 +164,38 @@ class Waiting:
         finally:
             with self._lock:
                 del self._waiters[key]
-                self._in_redis.discard(key)
+                self._in_redis.pop(key, None)
+
+    def _took_shared(self, event: threading.Event, known: float | None) -> None:
+        """This waiter took the queue's wake token: pass it on when others need it.
+
+        ``known`` is the monotonic time of the next due job or lease expiry this
+        waiter knew of before (None: none). When the token announces an earlier
+        one that is not due yet, the next waiter gets the token too; when this
+        waiter is being stopped, the token goes back untouched.
+        """
+        if event.is_set():
+            self._push_shared()
+            return
+        until = self._until_next()
+        if until is None or until <= _LOCAL_WAIT:
+            return  # nothing to wait for, or due now: this caller claims it
+        if known is None or SYSTEM_CLOCK.monotonic() + until < known - _EARLIER:
+            self._push_shared()
+
+    def _push_shared(self) -> None:
+        """Put the shared wake token back for the next waiter (at most one in the list)."""
+        pipe = self._conn.client.pipeline(transaction=False)
+        pipe.lpush(self._keys["wake"], "1")
+        pipe.ltrim(self._keys["wake"], 0, 0)
+        try:
+            self._conn.call(pipe.execute)
+        except BackendError as exc:
+            log.warning(
+                "delayq: could not pass the wake-up token on (%s); other "
+                "workers learn of the due job by their own deadline",
+                exc,
+            )
 
     def _until_next(self) -> float | None:
         """Seconds until the next due job or lease expiry (server clock); None: nothing.
@@ -188,38 +232,46 @@ class Waiting:
                 if local.gen != gen or self.closed:
                     return
 
-    def _block(self, key: str, timeout: float) -> bool:
+    def _block(self, key: str, timeout: float) -> str | None:
         """BLPOP the wake lists for ``timeout`` seconds, ending it on time ourselves.
 
         The server only notices BLPOP timeouts on its cron tick (~100 ms), so the
         client waits on the socket with its own deadline and ends the BLPOP with
         ``CLIENT UNBLOCK`` (from another connection) when that passes first.
-        Returns True when a wake-up token ended it, False when the time ran out.
+        Returns ``_SHARED`` when the queue's wake token ended it, ``_PRIVATE``
+        when an interrupt did, None when the time ran out. The private list comes
+        first in the BLPOP: when both hold a token, the shared one stays for
+        another waiter.
         """
         pool = self._conn.blocking.connection_pool
         with mapped_errors(self._conn.url):
             conn = pool.get_connection()
         healthy = False
-        woken = False
+        reply: Any = None
         try:
             with mapped_errors(self._conn.url):
                 conn.send_packed_command(  # type: ignore[no-untyped-call]
                     conn.pack_commands(  # type: ignore[no-untyped-call]
-                        [("CLIENT", "ID"), ("BLPOP", self._keys["wake"], key, f"{timeout:.3f}")]
+                        [("CLIENT", "ID"), ("BLPOP", key, self._keys["wake"], f"{timeout:.3f}")]
                     )
                 )
                 client_id = conn.read_response()
+                with self._lock:
+                    if key in self._in_redis:
+                        self._in_redis[key] = int(client_id)
                 if not conn.can_read(timeout=timeout):
                     self._conn.client.client_unblock(client_id)
                     if not conn.can_read(timeout=_UNBLOCK_GRACE):
-                        return False  # the connection is stuck: dropped in ``finally``
-                woken = conn.read_response() is not None  # nil: timed out or unblocked
+                        return None  # the connection is stuck: dropped in ``finally``
+                reply = conn.read_response()  # nil: timed out or unblocked
                 healthy = True
         finally:
             if not healthy:
                 conn.disconnect()  # type: ignore[no-untyped-call]
             pool.release(conn)
-        return woken
+        if reply is None:
+            return None
+        return _PRIVATE if reply[0] == key else _SHARED
 
     def woke(self, woke: Any) -> None:
         """The head of the due set changed: wake this process's waiters at once."""
@@ -227,20 +279,41 @@ class Waiting:
             self.wake_local()
 
     def wake_local(self) -> None:
-        """Wake every waiter of this store in this process."""
+        """Wake every waiter of this store in this process.
+
+        A waiter blocked in Redis gets a token on its private list; when Redis
+        refuses that push (out of memory, a lost connection), its BLPOP is ended
+        with ``CLIENT UNBLOCK`` instead, and when that fails too it says so: the
+        waiter then wakes by its own deadline.
+        """
         self._local.notify()
         with self._lock:
-            keys = list(self._in_redis)
+            blocked = dict(self._in_redis)
             for event in self._waiters.values():
                 event.set()
-        if not keys:
+        if not blocked:
             return
         pipe = self._conn.client.pipeline(transaction=False)
-        for key in keys:
+        for key in blocked:
             pipe.lpush(key, "1")
             pipe.pexpire(key, _WAKE_KEY_TTL_MS)
-        with contextlib.suppress(BackendError):
+        try:
             self._conn.call(pipe.execute)
+            return
+        except BackendError as exc:
+            pushed_error: BackendError = exc
+        for client_id in blocked.values():
+            if client_id is None:
+                continue
+            try:
+                self._conn.call(functools.partial(self._conn.client.client_unblock, client_id))
+            except BackendError as exc:
+                log.warning(
+                    "delayq: could not wake a waiter blocked in Redis (%s; then %s); "
+                    "it wakes by its own deadline",
+                    pushed_error,
+                    exc,
+                )
 
     def _ensure_subscriber(self) -> None:
         with self._lock:
