@@ -277,4 +277,189 @@ local function unindex_final(key, id, state)
   redis.call('PERSIST', key)
 end
 
+-- Claim up to `limit` due jobs for `lease` seconds (see claim.lua for the reply).
+-- REQUEST is the call's request key: when it holds a record, the call is the retry
+-- of one whose reply was lost and returns that call's claims; a claim that took
+-- jobs records itself there for `replay_ms` (0: no record).
+--
+-- First, expired leases go back to the due set (due at once), or to the
+-- dead-letter set when the job has used all its attempts: no reaper process is
+-- needed. Then due jobs are claimed in (run_at, enqueue order). When the claim
+-- filled its limit and jobs remain that are due now, or due before any lease
+-- ends, one more worker is woken (the wake-up passes on like a baton): the one
+-- token an enqueue pushed was taken by this busy worker, so no idle worker
+-- knows of them otherwise.
+-- One is also woken when the new lease ends before both the head of the due set
+-- and every other lease: a worker asleep toward a far-off job then learns of it,
+-- and recovers the lease on time if this worker dies. Under load this never fires
+-- (the head is near, or an older lease ends first); only a job claimed in a quiet
+-- moment costs one extra wake-up.
+--
+-- The request's record is one short string, "<now> <lease_until> <first token>
+-- <last token>": the jobs of one claim share its lease deadline (their score in
+-- the running set) and hold consecutive tokens, so a retry finds them there.
+local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_purge)
+  local now = fmt(NOW)
+
+  local prior = redis.call('GET', REQUEST)
+  if prior then
+    local p_now, p_lease, p_first, p_last = string.match(prior, '^(%S+) (%S+) (%S+) (%S+)$')
+    local first, last = tonumber(p_first), tonumber(p_last)
+    local replay = {p_now, p_lease, '', 0}
+    local score = fmt(tonumber(p_lease) * 1000)
+    local held = {}
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, score, score)) do
+      local f = redis.call('HMGET', job_key(id), 'state', 'token')
+      local token = tonumber(f[2])
+      if f[1] == 'running' and token and token >= first and token <= last then
+        held[#held + 1] = {token, id}
+      end
+    end
+    table.sort(held, function(a, b) return a[1] < b[1] end) -- claim order
+    for _, h in ipairs(held) do
+      replay[#replay + 1] = h[2]
+      replay[#replay + 1] = redis.call('HGETALL', job_key(h[2]))
+    end
+    return replay
+  end
+
+  -- Finished records expire by themselves; drop them from the per-state indexes
+  -- (a bounded number per call, so a lowered result_ttl never blocks the server).
+  for _, k in pairs(K_DONE) do
+    local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_purge)
+    if #old > 0 then
+      redis.call('ZREM', k, unpack(old))
+    end
+  end
+
+  local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
+  for _, id in ipairs(expired) do
+    local key = job_key(id)
+    local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+    if f[1] == 'running' then
+      recover_lease(key, id, f)
+    else
+      redis.call('ZREM', K_RUNNING, id)
+    end
+  end
+
+  local lease_until = NOW + lease
+  local lease_until_s = fmt(lease_until)
+  local result = {now, lease_until_s, '', 0}
+  local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+  local lease_before = nil -- the earliest lease deadline before this claim (ms)
+  if #members > 0 then
+    lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
+  end
+  local claimed = 0
+  local first_token = 0
+  if #members > 0 then
+    first_token = new_tokens(#members)
+  end
+  for _, member in ipairs(members) do
+    local id = string.sub(member, 17)
+    local key = job_key(id)
+    redis.call('ZREM', K_DUE, member)
+    if SHADOW_PREFIX ~= '' then
+      redis.call('DEL', SHADOW_PREFIX .. id)
+    end
+    if redis.call('HGET', key, 'state') == 'scheduled' then
+      local token = string.format('%d', first_token + claimed)
+      redis.call('HINCRBY', key, 'attempts', 1)
+      redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
+        'updated_at', now)
+      redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
+      claimed = claimed + 1
+      result[#result + 1] = id
+      result[#result + 1] = redis.call('HGETALL', key)
+    end
+  end
+
+  if claimed > 0 and replay_ms > 0 then
+    redis.call('SET', REQUEST, string.format('%s %s %d %d', now, lease_until_s, first_token,
+      first_token + claimed - 1), 'PX', replay_ms)
+  end
+
+  local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+  local next_ms = tonumber(head[2])
+  local lease_ms = lease_until * 1000
+  local wake = false
+  if #members == limit and next_ms then
+    -- Waiters wake by the earliest lease at the latest (see below), so a head
+    -- after it needs no token; one before it (or due now) does.
+    local earliest_lease = lease_ms
+    if lease_before and lease_before < earliest_lease then
+      earliest_lease = lease_before
+    end
+    wake = next_ms <= NOW_MS or next_ms < earliest_lease
+  end
+  if claimed > 0 and (not next_ms or lease_ms < next_ms)
+      and (not lease_before or lease_ms < lease_before) then
+    wake = true
+    result[4] = 1
+  end
+  -- At most one token: a token nobody took yet already wakes the next waiter.
+  if wake and redis.call('LLEN', K_WAKE) == 0 then
+    redis.call('LPUSH', K_WAKE, '1')
+  end
+  local lease_head = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
+  if lease_head[2] and (not next_ms or tonumber(lease_head[2]) < next_ms) then
+    next_ms = tonumber(lease_head[2])
+  end
+  if next_ms then
+    result[3] = fmt(next_ms - NOW_MS)
+  end
+  return result
+end
+
+-- Finish a batch of n claims whose entries start at ARGV[first] (see complete.lua
+-- for the entry layout and the reply).
+local function complete_batch(n, first)
+  local FIELDS = 5
+  -- The head of the due set before the first retry (acks and buries do not move it).
+  local before = nil
+  local retried = false
+  local result = {0}
+  for i = 0, n - 1 do
+    local base = first + i * FIELDS
+    local id, token, state = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+    local key = job_key(id)
+    local is_stale = stale(key, token)
+    if is_stale then
+      result[#result + 1] = is_stale
+    else
+      if state == 'release' then
+        -- Back to its original run_at (its place in the due order), the attempt given back.
+        if not retried then
+          before = head_score()
+          retried = true
+        end
+        redis.call('ZREM', K_RUNNING, id)
+        redis.call('HINCRBY', key, 'attempts', -1)
+        -- A real error of an earlier attempt stays; the note only fills an empty one.
+        redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
+        redis.call('HSETNX', key, 'last_error', ARGV[base + 4])
+        redis.call('HDEL', key, 'lease_until')
+        schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
+      elseif state == 'scheduled' then
+        if not retried then
+          before = head_score()
+          retried = true
+        end
+        retry_job(key, id, ARGV[base + 3], ARGV[base + 4])
+      elseif state == 'dead' then
+        redis.call('ZREM', K_RUNNING, id)
+        bury(key, id, ARGV[base + 4])
+      else
+        ack_job(key, id, state, ARGV[base + 4])
+      end
+      result[#result + 1] = {1}
+    end
+  end
+  if retried then
+    result[1] = wake_if_earlier(before)
+  end
+  return result
+end
+
 -- ---------------------------------------------------------------------------

@@ -68,6 +68,24 @@ _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds scri
 log = logging.getLogger("delayq.redis")
 
 
+def _completion_args(items: Sequence[Completion]) -> list[Any]:
+    """The arguments of a batch of completions: n, then 5 per entry (see ``complete.lua``)."""
+    args: list[Any] = [len(items)]
+    for item in items:
+        retrying = item.state is JobState.SCHEDULED
+        text = item.error if retrying or item.state is JobState.DEAD else item.outcome
+        if item.released:
+            text = RELEASED_NOTE
+        args += (
+            item.claim.job.id,
+            item.claim.token,
+            "release" if item.released else item.state.value,
+            repr(item.run_at) if item.run_at is not None else "",
+            text or "",
+        )
+    return args
+
+
 class RedisBackend:
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
@@ -347,12 +365,16 @@ class RedisBackend:
             retry=True,
             keys=[request],
         )
+        return self._claims(reply, hint=now is None)
+
+    def _claims(self, reply: Sequence[Any], *, hint: bool) -> list[Claim]:
+        """The claims of a claim script's reply (see ``claim.lua``); jobs that do not
+        decode are buried. ``hint``: remember the reply's next due time for waits."""
         claimed_at = float(reply[0])
         lease_until = float(reply[1])
         self._wakes.woke(reply[3])  # the new lease ends before anything waiters here wait for
-        if now is None and self._clock is None:  # the hint is on the server's clock
-            ms = optional_float(reply[2])
-            self._wakes.set_hint(ms)
+        if hint and self._clock is None:  # the hint is on the server's clock
+            self._wakes.set_hint(optional_float(reply[2]))
         claims: list[Claim] = []
         for i in range(4, len(reply), 2):
             fields = pairs(reply[i + 1])
@@ -400,20 +422,34 @@ class RedisBackend:
         items = Completion.batch(batch)
         if not items:
             return []
-        args: list[Any] = [len(items)]
-        for item in items:
-            retrying = item.state is JobState.SCHEDULED
-            text = item.error if retrying or item.state is JobState.DEAD else item.outcome
-            if item.released:
-                text = RELEASED_NOTE
-            args += (
-                item.claim.job.id,
-                item.claim.token,
-                "release" if item.released else item.state.value,
-                repr(item.run_at) if item.run_at is not None else "",
-                text or "",
-            )
-        reply = self._run("complete", args)
+        reply = self._run("complete", _completion_args(items))
+        return self._answers(items, reply)
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)`` as ONE script
+        call (see ``complete_and_claim.lua``); ``limit=0`` claims nothing.
+
+        It is not retried after a lost reply (its completions would then be
+        answered as stale); the jobs it claimed come back when their lease ends.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+        lease = check_lease(lease)
+        items = Completion.batch(batch)
+        if not items and limit == 0:
+            return [], []
+        request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
+        head = [limit, repr(lease), _RECOVER_PER_CLAIM, 0, PURGE_BATCH]
+        reply = self._run("complete_and_claim", head + _completion_args(items), keys=[request])
+        answers = self._answers(items, reply[0])
+        return answers, (self._claims(reply[1], hint=True) if limit else [])
+
+    def _answers(
+        self, items: Sequence[Completion], reply: Sequence[Any]
+    ) -> list[StaleClaim | None]:
+        """Each completion's answer in a ``complete`` reply (see ``complete.lua``)."""
         self._wakes.woke(reply[0])
         return [
             None if int(answer[0]) else self._stale(item.claim, answer)
