@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from numbers import Real
 
@@ -67,6 +68,10 @@ def utf8_problem(text: str) -> str | None:
     return None
 
 
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: not allowed in a job id."""
+
+
 def check_job_id(value: object) -> str:
     """Return a valid job id or raise :class:`InvalidJobId`."""
     if not isinstance(value, str):
@@ -77,9 +82,8 @@ def check_job_id(value: object) -> str:
         raise InvalidJobId(
             f"job_id is {len(value)} characters; at most {MAX_JOB_ID_LENGTH} are allowed"
         )
-    for ch in value:
-        if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
-            raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
+    if _CONTROL_CHARS.search(value) is not None:
+        raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
     problem = utf8_problem(value)
     if problem is not None:
         raise InvalidJobId(f"job_id {problem}: {value!r}")

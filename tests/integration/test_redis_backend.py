@@ -400,6 +400,7 @@ class DroppingProxy:
             except OSError:
                 break
         upstream.close()
+        client.close()
 
     def _pump_down(
         self, upstream: socket.socket, client: socket.socket, armed: threading.Event

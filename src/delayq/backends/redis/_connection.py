@@ -8,7 +8,11 @@ every other Redis error a :class:`~delayq.errors.BackendError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any, TypeVar
@@ -29,6 +33,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = [
     "SCRIPT_NAMES",
     "Connection",
+    "mapped_error",
     "mapped_errors",
     "mask",
     "split_url",
@@ -141,21 +146,54 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
     return urlunsplit(parts._replace(query=urlencode(theirs))), ours
 
 
+def mapped_error(exc: redis.RedisError, url: str) -> BackendError:
+    """The delayq error for a redis-py error (raise it ``from exc``)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return BackendError(
+            f"Redis at {url} is out of memory (maxmemory reached) and refused the call; "
+            f"nothing was written. Raise maxmemory, purge finished or dead jobs, or "
+            f"lower result_ttl: {exc}"
+        )
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return BackendUnavailable(f"Redis at {url} is unreachable: {exc}")
+    return BackendError(f"Redis at {url} failed: {exc}")
+
+
 @contextlib.contextmanager
 def mapped_errors(url: str) -> Iterator[None]:
     """Turn redis-py errors raised in the block into delayq errors naming ``url``."""
     try:
         yield
-    except redis.exceptions.OutOfMemoryError as exc:
-        raise BackendError(
-            f"Redis at {url} is out of memory (maxmemory reached) and refused the call; "
-            f"nothing was written. Raise maxmemory, purge finished or dead jobs, or "
-            f"lower result_ttl: {exc}"
-        ) from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendUnavailable(f"Redis at {url} is unreachable: {exc}") from exc
     except redis.RedisError as exc:
-        raise BackendError(f"Redis at {url} failed: {exc}") from exc
+        raise mapped_error(exc, url) from exc
+
+
+class _Held:
+    """A connection of its own for one thread, outside the client's pool.
+
+    Script calls (every state change) go through it: no pool lock, no
+    connection hand-over per call. Its socket is closed when the thread ends
+    (its ``threading.local`` is cleared) or the store closes, and it is never
+    used in a forked child (the child opens its own). Nothing here takes a
+    lock, so running from a finalizer at any moment is safe.
+    """
+
+    __slots__ = ("__weakref__", "conn", "pid")
+    conn: Any  # a redis-py Connection (its typed interface lacks what is used here)
+    pid: int
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+
+    def drop(self) -> None:
+        """Close the socket (its state is unknown); the next call reconnects."""
+        if self.pid == os.getpid():
+            with contextlib.suppress(Exception):
+                self.conn.disconnect()
+
+    def __del__(self) -> None:
+        self.drop()
 
 
 class Connection:
@@ -182,6 +220,9 @@ class Connection:
         self._scripts: dict[str, Script] = {
             name: self.client.register_script(text) for name, text in self._texts.items()
         }
+        self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
+        self._local = threading.local()  # .held: this thread's _Held
+        self._all_held: weakref.WeakSet[_Held] = weakref.WeakSet()  # closed by close()
 
     def use_unflagged_scripts(self) -> None:
         """Load the scripts without their flags line (a server before Redis 7).
@@ -190,6 +231,7 @@ class Connection:
         """
         self._texts = SCRIPTS
         self._scripts = {name: self.client.register_script(t) for name, t in SCRIPTS.items()}
+        self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
 
     def call(self, fn: Callable[[], T], *, retry: bool = False) -> T:
         """Run a Redis call, mapping driver errors; ``retry`` once if it is safe."""
@@ -206,22 +248,62 @@ class Connection:
     def script(
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = False
     ) -> Any:
-        """Run script ``name`` with EVALSHA (reloaded by redis-py on NOSCRIPT)."""
-        script = self._scripts[name]
+        """Run script ``name`` with EVALSHA on this thread's own connection.
 
-        def run() -> Any:
+        A server that lost the script (``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
+        restart) gets its text with EVAL, which also caches it again. A
+        connection error is retried once on a new connection when ``retry``
+        (the call is safe to repeat), else raised as BackendUnavailable.
+        """
+        for attempt in (0, 1):
+            held = self._held()
+            conn = held.conn
             try:
-                return script(keys=keys, args=args)
+                conn.send_packed_command(
+                    conn.pack_command("EVALSHA", self._shas[name], len(keys), *keys, *args),
+                    check_health=False,
+                )
+                return conn.read_response()
             except redis.exceptions.NoScriptError:
-                # Flushed again between the reload and the retry: send the body.
-                return self.client.eval(self._texts[name], len(keys), *keys, *args)
+                return self.call(
+                    functools.partial(self.client.eval, self._texts[name], len(keys), *keys, *args)
+                )
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                held.drop()
+                if retry and attempt == 0:
+                    continue
+                raise mapped_error(exc, self.url) from exc
+            except redis.RedisError as exc:  # an error reply: the connection is fine
+                raise mapped_error(exc, self.url) from exc
+            except BaseException:
+                held.drop()  # interrupted mid-call: a reply may still be on its way
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
-        return self.call(run, retry=retry)
+    def _held(self) -> _Held:
+        """This thread's connection, checked for a server that closed it meanwhile."""
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None or held.pid != os.getpid():
+            pool = self.client.connection_pool
+            held = self._local.held = _Held(pool.connection_class(**pool.connection_kwargs))
+            self._all_held.add(held)
+            return held
+        conn = held.conn
+        if conn._sock is not None:
+            try:
+                stale = conn.can_read(timeout=0)
+            except (redis.ConnectionError, OSError):
+                stale = True
+            if stale:  # closed by the server (idle timeout, restart): reconnect on send
+                conn.disconnect()
+        return held
 
     def sha(self, name: str) -> str:
         """The SHA1 of script ``name`` (what EVALSHA sends)."""
-        return str(self._scripts[name].sha)
+        return self._shas[name]
 
     def close(self) -> None:
+        for held in list(self._all_held):
+            held.drop()
         self.client.close()
         self.blocking.close()

@@ -374,7 +374,9 @@ class RedisBackend:
         lease_until = float(reply[1])
         self._wakes.woke(reply[3])  # the new lease ends before anything waiters here wait for
         if hint and self._clock is None:  # the hint is on the server's clock
-            self._wakes.set_hint(optional_float(reply[2]))
+            ms = optional_float(reply[2])
+            at = None if ms is None else claimed_at * 1000 + ms
+            self._wakes.set_hint(ms, at)
         claims: list[Claim] = []
         for i in range(4, len(reply), 2):
             fields = pairs(reply[i + 1])

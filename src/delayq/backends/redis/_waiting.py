@@ -34,7 +34,7 @@ _WARM_AFTER = 0.100
 _WARM_LEAD = 0.050
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait
 _OUTAGE_PAUSE = 0.5  # seconds wait pauses when Redis is unreachable
-_EARLIER = 0.001  # a due time learnt from a wake token this much earlier is news
+_EARLIER_MS = 1.0  # a due time learnt from a wake token this much earlier is news
 _SHARED, _PRIVATE = "shared", "private"  # which wake list ended a BLPOP
 
 log = logging.getLogger("delayq.redis")
@@ -72,8 +72,8 @@ def _local_wake(namespace: str) -> _LocalWake:
 class Waiting:
     """Blocked waits of one store and the wake-ups of its waiters in this process.
 
-    ``next_wake`` runs the ``next_wake`` script (milliseconds until the next
-    due job or lease expiry as text, ``""`` for none).
+    ``next_wake`` runs the ``next_wake`` script (``"<ms until> <epoch ms>"`` of
+    the next due job or lease expiry, ``""`` for none).
 
     Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``closed`` and
     ``_subscriber``. The hint is per thread (``threading.local``).
@@ -99,14 +99,17 @@ class Waiting:
         self._waiters: dict[str, threading.Event] = {}  # private wake list -> local event
         # private wake list -> client id of its BLPOP connection (None until known)
         self._in_redis: dict[str, int | None] = {}
-        self._hint = threading.local()  # per thread: (monotonic, seconds to next) of last claim
+        # per thread: (monotonic, seconds to next, its epoch ms) of the last claim
+        self._hint = threading.local()
         self.closed = False
         self._subscriber: _ExpirySubscriber | None = None
         self._local = _local_wake(f"{conn.address}/{keys['due']}")
 
-    def set_hint(self, ms: float | None) -> None:
-        """Remember (for this thread) the next due time a claim just reported."""
-        self._hint.value = (SYSTEM_CLOCK.monotonic(), None if ms is None else ms / 1000)
+    def set_hint(self, ms: float | None, at_ms: float | None) -> None:
+        """Remember (for this thread) the next due time a claim just reported:
+        ``ms`` from now, at ``at_ms`` (epoch ms on the store's clock)."""
+        until = None if ms is None else ms / 1000
+        self._hint.value = (SYSTEM_CLOCK.monotonic(), until, at_ms)
 
     def wait(self, max_wait: float) -> None:
         """Block until a job may be due, at most ``max_wait`` seconds.
@@ -130,7 +133,7 @@ class Waiting:
         with self._lock:
             self._waiters[key] = event
         try:
-            until = self._until_next()
+            until, known = self._until_next()
             timeout = max_wait if until is None else min(max_wait, until)
             if timeout <= 0:
                 return
@@ -153,9 +156,8 @@ class Waiting:
                 timeout -= _WARM_LEAD
             if event.is_set():
                 return
-            blocked_at = SYSTEM_CLOCK.monotonic()
             if self._block(key, timeout) == _SHARED:
-                self._took_shared(event, None if until is None else blocked_at + until)
+                self._took_shared(event, known)
         except BackendUnavailable as exc:
             # Waiting is not an operation the caller can fail on: pause briefly
             # and let its next claim report the outage (and back off).
@@ -169,18 +171,18 @@ class Waiting:
     def _took_shared(self, event: threading.Event, known: float | None) -> None:
         """This waiter took the queue's wake token: pass it on when others need it.
 
-        ``known`` is the monotonic time of the next due job or lease expiry this
-        waiter knew of before (None: none). When the token announces an earlier
-        one that is not due yet, the next waiter gets the token too; when this
-        waiter is being stopped, the token goes back untouched.
+        ``known`` is the epoch ms (store clock) of the next due job or lease
+        expiry this waiter knew of before (None: none). When the token announces
+        an earlier one that is not due yet, the next waiter gets the token too;
+        when this waiter is being stopped, the token goes back untouched.
         """
         if event.is_set():
             self._push_shared()
             return
-        until = self._until_next()
-        if until is None or until <= _LOCAL_WAIT:
+        until, head = self._until_next()
+        if until is None or head is None or until <= _LOCAL_WAIT:
             return  # nothing to wait for, or due now: this caller claims it
-        if known is None or SYSTEM_CLOCK.monotonic() + until < known - _EARLIER:
+        if known is None or head < known - _EARLIER_MS:
             self._push_shared()
 
     def _push_shared(self) -> None:
@@ -197,21 +199,25 @@ class Waiting:
                 exc,
             )
 
-    def _until_next(self) -> float | None:
-        """Seconds until the next due job or lease expiry (server clock); None: nothing.
+    def _until_next(self) -> tuple[float | None, float | None]:
+        """Seconds until the next due job or lease expiry, and its epoch ms on the
+        store's clock; (None, None): nothing to wait for.
 
         Uses the hint the last ``claim`` of this thread returned when it is
         fresh (saving a round trip in a busy worker's claim/wait loop), else
         asks the server.
         """
-        hint: tuple[float, float | None] | None = getattr(self._hint, "value", None)
+        hint: tuple[float, float | None, float | None] | None = getattr(self._hint, "value", None)
         self._hint.value = None
         if hint is not None:
             age = SYSTEM_CLOCK.monotonic() - hint[0]
             if age < _HINT_MAX_AGE:
-                return None if hint[1] is None else hint[1] - age
+                return (None, None) if hint[1] is None else (hint[1] - age, hint[2])
         reply = self._next_wake()
-        return None if reply == "" else float(reply) / 1000
+        if reply == "":
+            return None, None
+        ms, at = reply.split()
+        return float(ms) / 1000, float(at)
 
     def _wait_on_clock(self, clock: Clock, max_wait: float) -> None:
         local = self._local
@@ -225,7 +231,7 @@ class Waiting:
                     return
                 left = deadline - clock.monotonic()
                 if reply != "":
-                    left = min(left, float(reply) / 1000)
+                    left = min(left, float(reply.split()[0]) / 1000)
                 if left <= 0:
                     return
                 clock.wait(local.cond, left)
