@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -97,11 +98,49 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 T = TypeVar("T")
 
 
+_TOP_LEVEL = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+def _split_lib(lib: str) -> tuple[str, list[tuple[str, str]]]:
+    """``_lib.lua`` as its prelude (up to ``NOW_MS``) and its later top-level
+    definitions, each ``(name, text with the comment above it)``, in order."""
+    cut = lib.index("\n", lib.index("local NOW_MS")) + 1
+    prelude, rest = lib[:cut], lib[cut:]
+    starts = [m.start() for m in _TOP_LEVEL.finditer(rest)]
+    blocks: list[tuple[str, str]] = []
+    begin = 0
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(rest)
+        # The comment lines just above a definition belong to it.
+        end = rest.rfind("\n\n", start, end) + 1 or end
+        match = _TOP_LEVEL.match(rest, start)
+        assert match is not None
+        blocks.append((match.group(1), rest[begin:end]))
+        begin = end
+    return prelude, blocks
+
+
+def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
+    """``body`` after the prelude and only the definitions it uses (transitively):
+    Redis runs a script's whole text on every call, so an unused helper costs
+    time on every call."""
+    needed: set[str] = set()
+    text = body
+    while True:
+        used = {name for name, _ in blocks if re.search(rf"\b{name}\b", text)} - needed
+        if not used:
+            break
+        needed |= used
+        text = body + "".join(block for name, block in blocks if name in needed)
+    parts = [block for name, block in blocks if name in needed]
+    return prelude + "".join(parts) + "\n" + body
+
+
 def _load_scripts() -> dict[str, str]:
     folder = resources.files(__package__)
-    lib = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
+    prelude, blocks = _split_lib(folder.joinpath("_lib.lua").read_text(encoding="utf-8"))
     return {
-        name: lib + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        name: _with_lib(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"), prelude, blocks)
         for name in SCRIPT_NAMES
     }
 
