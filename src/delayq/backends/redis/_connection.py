@@ -92,6 +92,8 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "queue": str,
     "prefix": str,
     "result_ttl": float,
+    "max_finished": int,
+    "max_dead": int,
     "expiry_events": lambda v: v.lower() in ("1", "true", "yes", "on"),
 }
 

@@ -13,7 +13,9 @@
 -- KEYS[9] skipped    ZSET  (same)
 -- ARGV[1] job key prefix: a job's hash is ARGV[1] .. id (same hash tag as KEYS)
 -- ARGV[2] now in epoch seconds, or "" to use the server clock (TIME)
--- ARGV[3] result_ttl in ms: how long finished records are kept (<= 0: not kept)
+-- ARGV[3] "<result_ttl ms> <max finished> <max dead>": finished records are kept that
+--         long (<= 0: not kept), and at most that many per final state; dead letters
+--         at most that many (0: no cap); past a cap the oldest records go
 -- ARGV[4] shadow key prefix for the expiry trigger, or "" when it is off
 --
 -- Job hashes are built from ARGV[1] rather than passed in KEYS because claim
@@ -24,7 +26,11 @@ local K_DUE, K_RUNNING, K_DEAD = KEYS[1], KEYS[2], KEYS[3]
 local K_SEQ, K_TOKEN, K_WAKE = KEYS[4], KEYS[5], KEYS[6]
 local K_DONE = {succeeded = KEYS[7], cancelled = KEYS[8], skipped = KEYS[9]}
 local JOB_PREFIX = ARGV[1]
-local RESULT_TTL_MS = tonumber(ARGV[3])
+local RESULT_TTL_MS, MAX_FINISHED, MAX_DEAD
+do
+  local ttl, finished, dead = string.match(ARGV[3], '^(%S+) (%S+) (%S+)$')
+  RESULT_TTL_MS, MAX_FINISHED, MAX_DEAD = tonumber(ttl), tonumber(finished), tonumber(dead)
+end
 local SHADOW_PREFIX = ARGV[4]
 
 -- Lua's tostring keeps only 14 significant digits: format floats explicitly.
@@ -157,6 +163,26 @@ local function format_time(epoch)
     math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms)
 end
 
+-- Keep the index `index` of final state `state` within `cap` records (0: no cap)
+-- by deleting its oldest ones, at most two per call: memory stays bounded
+-- whatever the rate, and no call does more than a few steps of catching up.
+local function trim_index(index, state, cap)
+  if cap <= 0 then
+    return
+  end
+  local over = redis.call('ZCARD', index) - cap
+  if over <= 0 then
+    return
+  end
+  local oldest = redis.call('ZPOPMIN', index, math.min(over, 2))
+  for i = 1, #oldest, 2 do
+    local key = job_key(oldest[i])
+    if redis.call('HGET', key, 'state') == state then
+      redis.call('DEL', key)
+    end
+  end
+end
+
 -- Record a final state (succeeded / cancelled / skipped); the record expires.
 local function finish(key, id, state)
   if RESULT_TTL_MS <= 0 then
@@ -165,13 +191,15 @@ local function finish(key, id, state)
   end
   redis.call('ZADD', K_DONE[state], NOW_MS + RESULT_TTL_MS, id)
   redis.call('PEXPIRE', key, math.ceil(RESULT_TTL_MS))
+  trim_index(K_DONE[state], state, MAX_FINISHED)
 end
 
--- Move a job to the dead-letter set (kept until purged or requeued).
+-- Move a job to the dead-letter set (kept until purged, requeued or past MAX_DEAD).
 local function bury(key, id, err)
   redis.call('HSET', key, 'state', 'dead', 'last_error', err, 'updated_at', fmt(NOW))
   redis.call('HDEL', key, 'lease_until')
   redis.call('ZADD', K_DEAD, NOW_MS, id)
+  trim_index(K_DEAD, 'dead', MAX_DEAD)
 end
 
 -- nil when `token` is the job's current claim, else the reply a stale claim

@@ -64,8 +64,45 @@ from delayq.job import (
 __all__ = ["RedisBackend"]
 
 _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds script time)
+ENQUEUE_CHUNK = 2000
+"""Jobs stored per script call; a larger batch is checked, then written, in chunks."""
+DEFAULT_MAX_FINISHED = 10_000
+"""Finished records kept per final state at most (the oldest go first)."""
+DEFAULT_MAX_DEAD = 100_000
+"""Dead letters kept at most (the oldest go first)."""
 
 log = logging.getLogger("delayq.redis")
+
+
+def _enqueue_args(specs: Sequence[JobSpec], on_conflict: str, *, check_only: bool) -> list[Any]:
+    """The arguments of ``enqueue.lua`` for ``specs`` (see its header)."""
+    # Jobs of one batch usually share name, max_attempts, backoff, misfire and
+    # created_at: send each such "profile" once and 4 fields per job, half the
+    # arguments to pack, send and read.
+    profiles: dict[tuple[Any, ...], int] = {}
+    backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
+    head: list[Any] = [on_conflict, len(specs), 0, "1" if check_only else ""]
+    body: list[Any] = []
+    for spec in specs:
+        backoff = backoffs.get(id(spec.backoff))
+        if backoff is None:
+            backoff = backoffs[id(spec.backoff)] = json.dumps(spec.backoff, separators=(",", ":"))
+        key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
+        profile = profiles.get(key)
+        if profile is None:
+            profile = profiles[key] = len(profiles) + 1
+            head += (
+                spec.name,
+                spec.max_attempts,
+                backoff,
+                spec.misfire,
+                repr(float(spec.created_at)),
+            )
+        # A relative delay is due on the server's clock ("+<seconds>").
+        when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
+        body += (spec.id, spec.payload, when, profile)
+    head[2] = len(profiles)
+    return head + body
 
 
 def _completion_args(items: Sequence[Completion]) -> list[Any]:
@@ -94,8 +131,11 @@ class RedisBackend:
     * ``queue``: the queue name (default ``"default"``); it is the hash tag.
     * ``prefix``: the first part of every key (default ``"delayq"``).
     * ``result_ttl``: seconds finished records (succeeded, cancelled, skipped)
-      are kept, 7 days by default (an ``EXPIRE`` on the job hash). Dead letters
-      stay until purged or requeued.
+      are kept, 7 days by default (an ``EXPIRE`` on the job hash).
+    * ``max_finished``: at most this many finished records per final state
+      (10,000 by default; 0: no cap); past it the oldest go first, so memory
+      stays bounded whatever the rate. ``max_dead``: the same for dead letters
+      (100,000 by default), which otherwise stay until purged or requeued.
     * ``clock``: for tests only. When given (and not the system clock) it
       replaces the server's ``TIME`` everywhere a call is not given ``now=``, and
       ``wait_for_due`` waits on it, woken only by handles in this process.
@@ -134,6 +174,8 @@ class RedisBackend:
         queue: str = DEFAULT_QUEUE,
         prefix: str = DEFAULT_PREFIX,
         result_ttl: float = DEFAULT_RESULT_TTL,
+        max_finished: int = DEFAULT_MAX_FINISHED,
+        max_dead: int = DEFAULT_MAX_DEAD,
         clock: Clock | None = None,
         expiry_events: bool = False,
         configure_server: bool = False,
@@ -145,6 +187,8 @@ class RedisBackend:
         queue = url_options.get("queue", queue)
         prefix = url_options.get("prefix", prefix)
         result_ttl = url_options.get("result_ttl", result_ttl)
+        max_finished = url_options.get("max_finished", max_finished)
+        max_dead = url_options.get("max_dead", max_dead)
         expiry_events = url_options.get("expiry_events", expiry_events)
         for name, value in (("queue", queue), ("prefix", prefix)):
             if not isinstance(value, str) or not value or any(c in value for c in "{}"):
@@ -153,6 +197,11 @@ class RedisBackend:
         self.queue = queue
         self.prefix = prefix
         self._result_ttl = check_result_ttl(result_ttl)
+        for option, cap in (("max_finished", max_finished), ("max_dead", max_dead)):
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise InvalidOption(f"{option} must be an int >= 0 (0: no cap), got {cap!r}")
+        # ARGV[3] of every script (see _lib.lua): how long and how many records stay.
+        self._retention = f"{self._result_ttl * 1000!r} {max_finished} {max_dead}"
         self._clock = None if clock is None or clock is SYSTEM_CLOCK else clock
         self._keys = queue_keys(prefix, queue)
         self._key_list = [self._keys[name] for name in KEY_NAMES]
@@ -260,7 +309,7 @@ class RedisBackend:
         full = [
             self._keys["job:"],
             self._now_arg(now),
-            repr(self._result_ttl * 1000),
+            self._retention,
             self._keys["shadow:"] if self._expiry_events else "",
             *args,
         ]
@@ -293,53 +342,56 @@ class RedisBackend:
     def enqueue(
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
+        """Store ``jobs`` all or none (see the contract).
+
+        Up to ``ENQUEUE_CHUNK`` jobs go in one script call. A larger batch is
+        sent in chunks, so no single script holds the server for long: every
+        chunk is checked first (a conflict stores nothing), then written; only
+        a concurrent writer of the same ids between the two passes can make a
+        later chunk conflict, and the error then says how many were stored.
+        """
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
-        # Jobs of one batch usually share name, max_attempts, backoff, misfire and
-        # created_at: send each such "profile" once and 4 fields per job (see
-        # enqueue.lua), half the arguments to pack, send and read.
-        profiles: dict[tuple[Any, ...], int] = {}
-        backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
-        head: list[Any] = [on_conflict, len(specs), 0]
-        body: list[Any] = []
-        for spec in specs:
-            backoff = backoffs.get(id(spec.backoff))
-            if backoff is None:
-                backoff = backoffs[id(spec.backoff)] = json.dumps(
-                    spec.backoff, separators=(",", ":")
-                )
-            key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
-            profile = profiles.get(key)
-            if profile is None:
-                profile = profiles[key] = len(profiles) + 1
-                head += (
-                    spec.name,
-                    spec.max_attempts,
-                    backoff,
-                    spec.misfire,
-                    repr(float(spec.created_at)),
-                )
-            # A relative delay is due on the server's clock ("+<seconds>").
-            when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
-            body += (spec.id, spec.payload, when, profile)
-        head[2] = len(profiles)
-        args = head + body
-        reply = self._run("enqueue", args)
-        if reply[0] == "conflict":
-            job_id, state = reply[1], reply[2]
-            if state == "running" and on_conflict == "replace":
-                raise JobConflict(
-                    f"job {job_id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
+        if len(specs) <= ENQUEUE_CHUNK:
+            reply = self._run("enqueue", _enqueue_args(specs, on_conflict, check_only=False))
+            self._check_enqueued(reply, on_conflict, stored=0)
+            self._wakes.woke(reply[1])
+            return [EnqueueOutcome(o) for o in reply[2:]]
+        if on_conflict == "reject":
+            ids = [spec.id for spec in specs]
+            if len(set(ids)) != len(ids):
+                twice = next(i for i in ids if ids.count(i) > 1)
+                raise JobConflict(f"job {twice!r} appears more than once in the batch")
+        chunks = [specs[i : i + ENQUEUE_CHUNK] for i in range(0, len(specs), ENQUEUE_CHUNK)]
+        for chunk in chunks:
+            reply = self._run("enqueue", _enqueue_args(chunk, on_conflict, check_only=True))
+            self._check_enqueued(reply, on_conflict, stored=0)
+        outcomes: list[EnqueueOutcome] = []
+        for chunk in chunks:
+            reply = self._run("enqueue", _enqueue_args(chunk, on_conflict, check_only=False))
+            self._check_enqueued(reply, on_conflict, stored=len(outcomes))
+            self._wakes.woke(reply[1])
+            outcomes += (EnqueueOutcome(o) for o in reply[2:])
+        return outcomes
+
+    @staticmethod
+    def _check_enqueued(reply: Sequence[Any], on_conflict: str, *, stored: int) -> None:
+        """Raise JobConflict for an enqueue reply that reports one."""
+        if reply[0] != "conflict":
+            return
+        job_id, state = reply[1], reply[2]
+        note = f" ({stored} jobs of this batch were stored before it)" if stored else ""
+        if state == "running" and on_conflict == "replace":
             raise JobConflict(
-                f"job {job_id!r} already exists ({state}); pass "
-                f"on_conflict='keep' or 'replace' to accept an existing id"
+                f"job {job_id!r} is running and cannot be replaced; "
+                f"cancel is not possible either: wait for it to finish{note}"
             )
-        self._wakes.woke(reply[1])
-        return [EnqueueOutcome(o) for o in reply[2:]]
+        raise JobConflict(
+            f"job {job_id!r} already exists ({state}); pass "
+            f"on_conflict='keep' or 'replace' to accept an existing id{note}"
+        )
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(self._run("cancel", [job_id]))
@@ -564,13 +616,28 @@ class RedisBackend:
     def purge_dead(
         self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
     ) -> int:
-        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
+        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``.
+
+        In calls of at most ``PURGE_BATCH`` jobs each, so other clients are never
+        held up for long (it is not one transaction: a job buried meanwhile may
+        or may not be deleted).
+        """
         if job_ids is not None:
             job_ids = list(job_ids)
             if not job_ids:
                 return 0
         bound = "" if older_than is None else repr(check_run_at(older_than, "older_than"))
-        return int(self._run("purge_dead", [bound, *(job_ids or [])]))
+        deleted = 0
+        if job_ids is not None:
+            for start in range(0, len(job_ids), PURGE_BATCH):
+                chunk = job_ids[start : start + PURGE_BATCH]
+                deleted += int(self._run("purge_dead", [bound, PURGE_BATCH, *chunk]))
+            return deleted
+        while True:
+            n = int(self._run("purge_dead", [bound, PURGE_BATCH]))
+            deleted += n
+            if n < PURGE_BATCH:
+                return deleted
 
     # -- lifecycle --------------------------------------------------------------------
     def close(self) -> None:

@@ -3,7 +3,7 @@
 -- KEYS[10]  this claim request's key, unique per call and kept for its retry: when it
 --           exists, the call is a retry whose first reply was lost, and it returns the
 --           jobs that call claimed (those still held by its tokens)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   limit: the most jobs to claim
 -- ARGV[6]   lease in seconds
 -- ARGV[7]   the most expired leases to recover in this call

@@ -2,7 +2,7 @@
 -- ack, a retry or a bury and checks its own fencing token. Entries apply in order;
 -- a stale one is skipped and reported, the others still apply.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   n, the number of entries; then 5 fields per entry from ARGV[6]:
 --           job id, fencing token, target state ("succeeded" | "skipped": ack,
 --           "scheduled": retry, "dead": bury, "release": give an unstarted claim

@@ -3,7 +3,7 @@
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
 -- KEYS[10]  a fresh claim request key (no record is kept: the call is not retried,
 --           because its completions would then be reported stale)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5..9]: limit (0: claim nothing), lease in seconds, most expired leases to recover,
 --           replay ms (0), most expired finished records to drop (as in claim.lua)
 -- ARGV[10]  n, the number of entries; then 5 fields per entry from ARGV[11] (as in
