@@ -7,6 +7,7 @@ under a per-test key prefix.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -263,5 +264,62 @@ def test_expiry_events_with_a_far_future_due_time_store_the_whole_batch(
             job = backend.get(job_id)
             assert job is not None and job.state is JobState.SCHEDULED
         assert backend.reschedule("soon", 1e19).rescheduled
+    finally:
+        backend.close()
+
+
+# -- restricted ACLs and outages ------------------------------------------------------------
+
+
+def test_without_client_unblock_waits_fall_back_to_bounded_blpops_and_still_wake(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    admin.acl_setuser(
+        "limited",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-client"],
+    )
+    admin.close()
+    url = f"redis://limited:pw@127.0.0.1:{server.port}/0"
+    with caplog.at_level(logging.WARNING, logger="delayq.redis"):
+        backend = RedisBackend.from_url(url)
+    producer = RedisBackend.from_url(url)
+    try:
+        assert not backend._wakes.unblock
+        assert "restricted ACL" in caplog.text and "pw" not in caplog.text
+        started = server_time(backend)
+        backend.wait_for_due(0.4)  # nothing due: the whole wait, and not late
+        assert 0.35 <= server_time(backend) - started < 1.0
+        sleeper = Sleeper(backend, max_wait=60)
+        assert wait_until(lambda: sleeper.blocked, timeout=5)
+        producer.enqueue([spec("j", server_time(producer))])  # its token wakes the waiter
+        assert sleeper.done.wait(5)
+        assert len(backend.claim(limit=1, lease=60.0)) == 1
+        backend._redis.delete(backend._keys["wake"])  # the token that claim left
+        sleeper = Sleeper(backend, max_wait=60)
+        assert wait_until(lambda: sleeper.blocked, timeout=5)
+        backend.interrupt()
+        assert sleeper.done.wait(5)
+    finally:
+        producer.close()
+        backend.close()
+
+
+def test_a_wait_during_an_outage_returns_soon_and_claims_work_once_redis_is_back(
+    server: RedisServer,
+) -> None:
+    backend = RedisBackend.from_url(server.url)
+    try:
+        backend.enqueue([spec("j", server_time(backend) + 3600)])
+        server.stop()
+        sleeper = Sleeper(backend, max_wait=30)
+        assert sleeper.done.wait(5), "a wait during an outage must not block for max_wait"
+        server.start()
+        backend.enqueue([spec("now", 0.0)])  # everything lost; the store works again
+        assert [c.job.id for c in backend.claim(limit=5, lease=30.0)] == ["now"]
     finally:
         backend.close()

@@ -231,6 +231,8 @@ class RedisBackend:
         )
         try:
             self._check_server(configure_server)
+            if self._clock is None:
+                self._wakes.check_unblock()
         except BaseException:
             self.close()
             raise

@@ -33,7 +33,10 @@ _LOCAL_WAIT = 0.010  # waits up to this long sleep locally instead of BLPOP
 _WARM_AFTER = 0.100
 _WARM_LEAD = 0.050
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait
-_OUTAGE_PAUSE = 0.5  # seconds wait pauses when Redis is unreachable
+_OUTAGE_PAUSE = 0.5  # seconds wait pauses at most when Redis is unreachable
+_OUTAGE_POLL = 0.05  # while it pauses, it checks this often whether Redis is back
+_TICK = 0.15  # Redis ends BLPOP timeouts on its ~100 ms cron tick: a bound on the delay
+_BOUNDED_BLPOP = 2.0  # seconds one BLPOP of a bounded wait lasts at most
 _EARLIER_MS = 1.0  # a due time learnt from a wake token this much earlier is news
 _SHARED, _PRIVATE = "shared", "private"  # which wake list ended a BLPOP
 
@@ -69,6 +72,13 @@ def _local_wake(namespace: str) -> _LocalWake:
         return wake
 
 
+def _source(key: str, reply: Any) -> str | None:
+    """Which list a BLPOP reply came from: ``_PRIVATE`` (``key``), ``_SHARED``, or None."""
+    if reply is None:
+        return None
+    return _PRIVATE if reply[0] == key else _SHARED
+
+
 class Waiting:
     """Blocked waits of one store and the wake-ups of its waiters in this process.
 
@@ -102,6 +112,7 @@ class Waiting:
         # per thread: (monotonic, seconds to next, its epoch ms) of the last claim
         self._hint = threading.local()
         self.closed = False
+        self.unblock = True  # CLIENT ID / UNBLOCK allowed (else bounded waits; set once)
         self._subscriber: _ExpirySubscriber | None = None
         self._local = _local_wake(f"{conn.address}/{keys['due']}")
 
@@ -162,7 +173,7 @@ class Waiting:
             # Waiting is not an operation the caller can fail on: pause briefly
             # and let its next claim report the outage (and back off).
             log.debug("wait_for_due: %s; pausing", exc)
-            event.wait(min(max_wait, _OUTAGE_PAUSE))
+            self._outage_pause(event, min(max_wait, _OUTAGE_PAUSE))
         finally:
             with self._lock:
                 del self._waiters[key]
@@ -184,6 +195,19 @@ class Waiting:
             return  # nothing to wait for, or due now: this caller claims it
         if known is None or head < known - _EARLIER_MS:
             self._push_shared()
+
+    def _outage_pause(self, event: threading.Event, pause: float) -> None:
+        """Pause up to ``pause`` seconds while Redis is unreachable, returning as soon
+        as it answers again (or a local wake-up comes): the caller resumes at once."""
+        deadline = SYSTEM_CLOCK.monotonic() + pause
+        while not event.wait(min(_OUTAGE_POLL, max(0.0, deadline - SYSTEM_CLOCK.monotonic()))):
+            if SYSTEM_CLOCK.monotonic() >= deadline:
+                return
+            try:
+                self._conn.call(self._conn.client.ping)
+            except BackendError:
+                continue
+            return
 
     def _push_shared(self) -> None:
         """Put the shared wake token back for the next waiter (at most one in the list)."""
@@ -249,6 +273,8 @@ class Waiting:
         first in the BLPOP: when both hold a token, the shared one stays for
         another waiter.
         """
+        if not self.unblock:
+            return self._block_bounded(key, timeout)
         pool = self._conn.blocking.connection_pool
         with mapped_errors(self._conn.url):
             conn = pool.get_connection()
@@ -261,12 +287,24 @@ class Waiting:
                         [("CLIENT", "ID"), ("BLPOP", key, self._keys["wake"], f"{timeout:.3f}")]
                     )
                 )
-                client_id = conn.read_response()
+                try:
+                    client_id = conn.read_response()
+                except redis.exceptions.NoPermissionError:
+                    self._no_unblock("CLIENT ID is refused")
+                    healthy = conn.can_read(timeout=timeout + _TICK)  # the BLPOP's reply
+                    if healthy:
+                        reply = conn.read_response()
+                    return _source(key, reply)
                 with self._lock:
                     if key in self._in_redis:
                         self._in_redis[key] = int(client_id)
                 if not conn.can_read(timeout=timeout):
-                    self._conn.client.client_unblock(client_id)
+                    try:
+                        self._conn.client.client_unblock(client_id)
+                    except redis.exceptions.NoPermissionError:
+                        self._no_unblock("CLIENT UNBLOCK is refused")
+                        if not conn.can_read(timeout=_TICK):
+                            return None
                     if not conn.can_read(timeout=_UNBLOCK_GRACE):
                         return None  # the connection is stuck: dropped in ``finally``
                 reply = conn.read_response()  # nil: timed out or unblocked
@@ -275,9 +313,48 @@ class Waiting:
             if not healthy:
                 conn.disconnect()  # type: ignore[no-untyped-call]
             pool.release(conn)
-        if reply is None:
-            return None
-        return _PRIVATE if reply[0] == key else _SHARED
+        return _source(key, reply)
+
+    def _block_bounded(self, key: str, timeout: float) -> str | None:
+        """``_block`` without CLIENT ID / CLIENT UNBLOCK (a restricted ACL): BLPOP
+        for the time less one server timeout tick, then wait out the rest here,
+        so the wait still never ends late; an interrupt still pushes a token."""
+        deadline = SYSTEM_CLOCK.monotonic() + timeout
+        while (blocking := deadline - SYSTEM_CLOCK.monotonic() - _TICK) > _LOCAL_WAIT:
+            # Each BLPOP stays well within the socket timeout.
+            seconds = round(min(blocking, _BOUNDED_BLPOP), 3)
+            reply = self._conn.call(
+                functools.partial(self._conn.blocking.blpop, [key, self._keys["wake"]], seconds)
+            )
+            if reply is not None:
+                return _source(key, reply)
+        with self._lock:
+            event = self._waiters.get(key)
+        left = deadline - SYSTEM_CLOCK.monotonic()
+        if event is not None and left > 0:
+            event.wait(left)
+        return None
+
+    def _no_unblock(self, why: str) -> None:
+        if self.unblock:
+            self.unblock = False
+            log.warning(
+                "delayq: %s on %s (a restricted ACL?): waits end by BLPOP timeouts, "
+                "each within one 100 ms server tick of its deadline, then a local wait",
+                why,
+                self._conn.url,
+            )
+
+    def check_unblock(self) -> None:
+        """At start-up: fall back to bounded waits when CLIENT ID / UNBLOCK are refused."""
+        try:
+            client_id = self._conn.call(self._conn.client.client_id)
+            self._conn.call(functools.partial(self._conn.client.client_unblock, client_id))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+                self._no_unblock(f"CLIENT ID / UNBLOCK are refused ({exc.__cause__})")
+            else:
+                raise
 
     def woke(self, woke: Any) -> None:
         """The head of the due set changed: wake this process's waiters at once."""
