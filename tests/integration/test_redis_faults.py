@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from delayq import DelayQ
 from delayq.backends.redis import RedisBackend
 from delayq.errors import BackendError, StaleClaim
 from delayq.job import CancelOutcome, JobSpec, JobState
@@ -323,3 +324,33 @@ def test_a_wait_during_an_outage_returns_soon_and_claims_work_once_redis_is_back
         assert [c.job.id for c in backend.claim(limit=5, lease=30.0)] == ["now"]
     finally:
         backend.close()
+
+
+def test_an_evicting_policy_set_while_workers_run_is_logged_by_the_next_check(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="delayq.redis"):
+        backend = RedisBackend.from_url(server.url)
+    try:
+        assert "appendonly no" in caplog.text  # the private server has no AOF
+        admin = server.client()
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        admin.close()
+        backend._server._next_check = 0.0  # the check is due
+        with caplog.at_level(logging.ERROR, logger="delayq.redis"):
+            backend.claim(limit=1, lease=30.0)
+        assert "maxmemory-policy allkeys-lru" in caplog.text
+    finally:
+        backend.close()
+
+
+def test_a_unix_socket_url_works_through_delayq(tmp_path: Path) -> None:
+    socket_path = tmp_path / "redis.sock"
+    with private_redis(tmp_path, "--unixsocket", str(socket_path), "--unixsocketperm", "700"):
+        app = DelayQ(f"unix://{socket_path}?db=0&queue=q")
+        try:
+            job_id = app.schedule("t", {"a": 1}, delay=60)
+            job = app.backend.get(job_id)
+            assert job is not None and job.payload == {"a": 1}
+        finally:
+            app.close()

@@ -27,6 +27,7 @@ _BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
     "sqlite": ("delayq.backends.sqlite", "SQLiteBackend", None, None),
     "redis": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
     "rediss": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+    "unix": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
 }
 
 

@@ -38,6 +38,7 @@ from delayq.backends.redis._keys import (
     KEY_NAMES,
     queue_keys,
 )
+from delayq.backends.redis._server import ServerChecks
 from delayq.backends.redis._waiting import Waiting
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
@@ -150,6 +151,8 @@ class RedisBackend:
     (``allkeys-*``): an evicted job hash or due set is a lost job. ``noeviction``
     is the right setting; ``volatile-*`` is accepted, because only keys with a
     TTL can go (finished records, wake lists, shadow keys), never a pending job.
+    Claims re-check it every minute and log an error; a server without an
+    append-only file gets a warning (see ``_server.py``).
 
     Connection failures raise :class:`~delayq.errors.BackendUnavailable`.
     Reads and claims are retried once on a fresh connection; other state
@@ -212,7 +215,7 @@ class RedisBackend:
             "socket_connect_timeout": check_seconds(
                 socket_connect_timeout, "socket_connect_timeout"
             ),
-            "socket_keepalive": True,
+            **({} if urlsplit(redis_url).scheme == "unix" else {"socket_keepalive": True}),
             **(client_options or {}),
         }
         # A claim's record serves its one retry, which follows a lost reply
@@ -221,6 +224,7 @@ class RedisBackend:
         self._conn = Connection(redis_url, self.url, options)
         self._redis = self._conn.client
         self._db = self._conn.db
+        self._server = ServerChecks(self._conn)
         self._wakes = Waiting(
             self._conn,
             self._keys,
@@ -230,7 +234,7 @@ class RedisBackend:
             next_wake=lambda: self._run("next_wake", retry=True),
         )
         try:
-            self._check_server(configure_server)
+            self._server.at_start(expiry_events=self._expiry_events, configure=configure_server)
             if self._clock is None:
                 self._wakes.check_unblock()
         except BaseException:
@@ -248,40 +252,6 @@ class RedisBackend:
         return f"RedisBackend(url={self.url!r}, queue={self.queue!r}, prefix={self.prefix!r})"
 
     # -- internals ------------------------------------------------------------
-    def _check_server(self, configure: bool) -> None:
-        """Refuse a server that may evict pending jobs; set up expiry events if asked."""
-        info = self._call(self._redis.info, retry=True)
-        major = int(str(info.get("redis_version", "7")).split(".")[0] or 7)
-        if major < 7:
-            self._conn.use_unflagged_scripts()
-        policy = str(info.get("maxmemory_policy", "noeviction"))
-        if policy.startswith("allkeys-"):
-            raise ConfigurationError(
-                f"Redis at {self.url} has maxmemory-policy {policy}: it may evict pending "
-                f"jobs when memory runs out. Set maxmemory-policy noeviction (or a volatile-* "
-                f"policy) on that server, or give delayq its own Redis."
-            )
-        if not self._expiry_events:
-            return
-        flags = self._config_flags()
-        if flags is not None and "E" in flags and ("x" in flags or "A" in flags):
-            return
-        if not configure:
-            raise ConfigurationError(
-                f"expiry_events=True needs notify-keyspace-events to include 'Ex' on "
-                f"{self.url} (now {flags!r}); run CONFIG SET notify-keyspace-events Ex, or "
-                f"pass configure_server=True to let delayq set it"
-            )
-        new = "".join(sorted(set((flags or "") + "Ex")))
-        self._call(lambda: self._redis.config_set("notify-keyspace-events", new), retry=True)
-
-    def _config_flags(self) -> str | None:
-        try:
-            reply = self._call(lambda: self._redis.config_get("notify-keyspace-events"), retry=True)
-        except BackendError:
-            return None  # CONFIG is disabled on some managed services
-        return str(reply.get("notify-keyspace-events", ""))
-
     def _check_open(self) -> None:
         if self._wakes.closed:
             raise QueueClosed(f"{self!r} is closed")
@@ -411,6 +381,7 @@ class RedisBackend:
         lease = check_lease(lease)
         # The request key makes the one retry safe: if the first call ran but its
         # reply was lost, the retry finds the key and returns that call's claims.
+        self._server.maybe_recheck()
         request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
         reply = self._run(
             "claim",
@@ -496,6 +467,7 @@ class RedisBackend:
         items = Completion.batch(batch)
         if not items and limit == 0:
             return [], []
+        self._server.maybe_recheck()
         request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
         head = [limit, repr(lease), _RECOVER_PER_CLAIM, 0, PURGE_BATCH]
         reply = self._run("complete_and_claim", head + _completion_args(items), keys=[request])
