@@ -24,6 +24,7 @@ __all__ = [
     "RELEASED_NOTE",
     "TTL_STATES",
     "check_ack_state",
+    "check_dead_ttl",
     "check_lease",
     "check_limit",
     "check_max_wait",
@@ -94,6 +95,18 @@ def check_result_ttl(result_ttl: object) -> float:
     if seconds is None or seconds < 0:
         raise InvalidOption(
             f"result_ttl must be a finite number of seconds >= 0, got {result_ttl!r}"
+        )
+    return seconds
+
+
+def check_dead_ttl(dead_ttl: object) -> float | None:
+    """Seconds dead letters are kept (None: until purged or requeued)."""
+    if dead_ttl is None:
+        return None
+    seconds = _finite(dead_ttl)
+    if seconds is None or seconds < 0:
+        raise InvalidOption(
+            f"dead_ttl must be None or a finite number of seconds >= 0, got {dead_ttl!r}"
         )
     return seconds
 
