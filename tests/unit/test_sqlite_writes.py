@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from delayq.backends._common import MAX_ERROR_CHARS
 from delayq.backends.base import Completion
+from delayq.backends.memory import MemoryBackend
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.backends.sqlite._turns import TurnTimeout, open_turns
 from delayq.errors import BackendUnavailable, InvalidOption, JobConflict, StaleClaim
@@ -263,3 +265,25 @@ def test_an_open_transaction_is_never_left_behind_by_a_failed_group(
     with sqlite3.connect(backend.path) as other:
         other.execute("BEGIN IMMEDIATE")  # the write lock is free
         other.rollback()
+
+
+# -- stored errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_huge_error_is_stored_capped_keeping_its_end(
+    store: str, db: str, clock: FakeClock
+) -> None:
+    b = MemoryBackend(clock=clock) if store == "memory" else SQLiteBackend(db, clock=clock)
+    try:
+        b.enqueue([spec("j", clock.time(), max_attempts=1)])
+        [claim] = b.claim(limit=1, lease=30)
+        error = "Traceback (most recent call last):\n" + "  frame\n" * 50_000 + "OSError: \udcff"
+        b.bury(claim, error)  # a lone surrogate from a file name, too
+        job = b.get("j")
+        assert job is not None and job.last_error is not None
+        assert len(job.last_error) <= MAX_ERROR_CHARS
+        assert job.last_error.startswith("Traceback")
+        assert job.last_error.endswith("OSError: \\udcff")
+    finally:
+        b.close()

@@ -28,6 +28,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     lease_expired_error,
     lease_expired_note,
     readable_json,
@@ -424,13 +425,13 @@ class MemoryBackend(CompletesInBatches):
                     assert item.run_at is not None
                     rec.state = JobState.SCHEDULED
                     rec.run_at = item.run_at
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)
                     earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
                 elif item.state is JobState.DEAD:
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     self._finish(rec, JobState.DEAD, now)
                 else:
                     rec.outcome = item.outcome

@@ -19,6 +19,7 @@ from typing import Any
 from delayq.backends._common import (
     PURGE_BATCH,
     RELEASED_NOTE,
+    clip_error,
     lease_expired_error,
     lease_expired_note,
     stale_claim,
@@ -308,10 +309,10 @@ def complete_items(
         elif item.state is JobState.SCHEDULED:
             assert item.run_at is not None
             assignments = RETRY
-            params = (item.run_at, item.error, now)
+            params = (item.run_at, clip_error(item.error), now)
         elif item.state is JobState.DEAD:
             assignments = BURY
-            params = (item.error, now)
+            params = (clip_error(item.error), now)
         else:
             assignments = ACK
             params = (item.state.value, item.outcome, now)
