@@ -742,7 +742,7 @@ class DelayQ:
         return check_seconds(value, field)
 
     def _run_at(self, delay: object, at: object, now: float) -> float:
-        if at is None and (type(delay) is float or type(delay) is int):
+        if at is None and (type(delay) is float or (type(delay) is int and -1e300 < delay < 1e300)):
             # The hot path (a plain number of seconds); anything unusual below.
             seconds = float(delay)
             if math.isfinite(seconds) and seconds <= MAX_DELAY:
