@@ -78,6 +78,7 @@ from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
     RELEASED_NOTE,
+    CompletesAndClaims,
     check_ack_state,
     check_lease,
     check_limit,
@@ -304,7 +305,7 @@ def _local_wake(namespace: str) -> _LocalWake:
         return wake
 
 
-class RedisBackend:
+class RedisBackend(CompletesAndClaims):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the module docstring).
 
     Options (keyword-only):
