@@ -8,10 +8,12 @@ while the others only append and move on. Nothing waits on purpose: a batch
 holds what finished while the previous one was being committed, one job when
 idle, many under load.
 
-While a backlog exists (the last claim was full) the flusher also claims the
-next jobs in the same call (``complete_and_claim``), as many as the worker
-has room for, so under load one round trip both records results and refills
-the slots.
+While a backlog exists (the last claim was full) and the store does both in
+one round trip (it overrides ``complete_and_claim``), the flusher also claims
+the next jobs in the same call, as many as the worker has room for, so under
+load one round trip both records results and refills the slots. With the
+default two-call version the dispatcher claims instead, in parallel with the
+commit.
 
 A commit the store refuses (unreachable, busy) is not dropped: the claims
 stay in flight, their leases kept renewed, and the commit is retried with a
@@ -26,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from delayq.backends import Backend
-from delayq.backends._common import complete_then_claim
+from delayq.backends._common import CompletesAndClaims
 from delayq.backends.base import Completion
 from delayq.clock import Clock
 from delayq.errors import BackendError, StaleClaim
@@ -77,14 +79,12 @@ class GroupCommitter:
         self._batch = batch
         self._gather = gather
         self._on_result = on_result
-        method = getattr(backend, "complete_and_claim", None)
-        self._complete_and_claim: Callable[..., tuple[list[StaleClaim | None], list[Claim]]] = (
-            method
-            if method is not None
-            else lambda batch, *, limit, lease: complete_then_claim(
-                backend, batch, limit=limit, lease=lease
-            )
-        )
+        # Claiming with a commit pays only when the store does both in one round
+        # trip; the default (complete, then claim) would only serialise the two
+        # calls that the dispatcher otherwise makes in parallel with the commit.
+        method = getattr(type(backend), "complete_and_claim", None)
+        self.combines = method is not None and method is not CompletesAndClaims.complete_and_claim
+        self._complete_and_claim = backend.complete_and_claim if self.combines else None
         self._finished: list[_Finished] = []
         self._flushing = False
         self._failed: list[_Finished] = []
@@ -115,7 +115,10 @@ class GroupCommitter:
             rec.done = True
             if handler_slot:
                 table.running -= 1
-                if table.ready:
+                # A ready claim may start now. A handler thread that only appends
+                # below comes back for it itself; wake another when this one
+                # is about to commit (or is not a handler thread: a timeout).
+                if table.ready and (timed_out or not self._flushing):
                     table.work.notify()
             if timed_out:
                 table.stats.timeouts += 1
@@ -197,8 +200,9 @@ class GroupCommitter:
         try:
             limit = 0
             with table.lock:
+                room_before = table.room_locked()
                 live = [(e, e.rec.claim) for e in batch if not e.rec.abandoned]
-                if table.backlog and not table.claiming and not table.stopping:
+                if self.combines and table.backlog and not table.claiming and not table.stopping:
                     room = min(self._batch, table.room_locked() + len(live))
                     if room >= self._gather:
                         limit = room
@@ -231,6 +235,7 @@ class GroupCommitter:
             mono_sent = self._clock.monotonic()
             try:
                 if limit:
+                    assert self._complete_and_claim is not None
                     answers, claims = self._complete_and_claim(
                         completions, limit=limit, lease=self._lease
                     )
@@ -273,10 +278,21 @@ class GroupCommitter:
                     counts[outcome if outcome != "error" else "errors"] += 1
                     if entry.rec.started:
                         durations.add(entry.duration)
-                table.changed.notify_all()
                 following, self._finished = self._finished, []
                 if not following:
                     self._flushing = False
+                room = table.room_locked()
+                if (
+                    limit
+                    or failed
+                    or not table.records
+                    or room_before < 1 <= room
+                    or room_before < self._gather <= room
+                    or (self.combines and not following)
+                ):
+                    # Only the changes the dispatcher waits for (see Dispatcher.dispatch):
+                    # waking it after every commit would cost a thread switch per job.
+                    table.changed.notify_all()
         finally:
             for lock in locks:
                 lock.release()

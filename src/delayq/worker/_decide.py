@@ -7,6 +7,7 @@ handler result" into a store call (ack, retry, bury, release) and an
 
 from __future__ import annotations
 
+import functools
 import re
 import traceback
 from collections.abc import Sequence
@@ -155,8 +156,10 @@ def decide(
         return _retry(claim, now, error)
     if not handler_known:
         return _unknown_handler(claim, now, registered, unknown_grace)
+    if job.misfire == "run":
+        return None  # the default policy: nothing to parse on the hot path
     try:
-        misfire = Misfire.parse(job.misfire)
+        misfire = _misfire(job.misfire)
     except InvalidInput as exc:
         return Decision(
             "dead", error=f"cannot read the job's misfire policy {job.misfire!r}: {exc}"
@@ -166,6 +169,11 @@ def decide(
             "skipped", note=f"skipped: {lateness:.3f}s late (misfire policy {misfire.to_spec()})"
         )
     return None
+
+
+@functools.lru_cache(maxsize=256)  # a few policies repeat across every job
+def _misfire(spec: str) -> Misfire:
+    return Misfire.parse(spec)
 
 
 def _retry(claim: Claim, now: float, error: str, *, latest: float | None = None) -> Decision:

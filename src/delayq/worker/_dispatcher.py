@@ -89,7 +89,9 @@ class Dispatcher:
                 if table.stopping:
                     return
                 room = table.room_locked()
-                busy = table.claiming or (table.backlog and self._committer.flushing_locked())
+                busy = table.claiming or (
+                    table.backlog and self._committer.combines and self._committer.flushing_locked()
+                )
                 if room <= 0 or busy:
                     # Full, or a commit will claim for us: wait for a change.
                     clock.wait(table.changed, self._budget_locked(self._idle_wait))

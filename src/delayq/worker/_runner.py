@@ -245,7 +245,7 @@ class Runner:
             result = handler.call(job.payload, ctx)
         except BaseException as exc:  # SystemExit from a handler is its failure too
             return self._finish(rec, exc, clock.monotonic() - mono)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             # A sync wrapper around an async function (a decorator without
             # functools.wraps, a lambda): its coroutine runs on the loop, never dropped.
             self._start_async(rec, handler, ctx, mono, awaitable=result)
