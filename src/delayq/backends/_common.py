@@ -6,6 +6,7 @@ Not public API: backends import from here; users see the errors it builds.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -16,7 +17,10 @@ from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
 from delayq.job import Claim, JobSpec, JobState
 
+log = logging.getLogger("delayq.backends")
+
 __all__ = [
+    "CompletesAndClaims",
     "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
@@ -34,6 +38,7 @@ __all__ = [
     "check_spec",
     "check_when",
     "clip_error",
+    "complete_then_claim",
     "readable_json",
     "undecodable_error",
     "format_time",
@@ -285,7 +290,47 @@ def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> Stal
     )
 
 
-class CompletesInBatches:
+def complete_then_claim(
+    store: Any, batch: Sequence[Completion], *, limit: int, lease: float
+) -> tuple[list[StaleClaim | None], list[Claim]]:
+    """The default ``complete_and_claim``: ``store.complete(batch)``, then
+    ``store.claim(limit=limit, lease=lease)`` (none when ``limit`` is 0).
+
+    Two calls, not one transaction: when the claim fails after the batch was
+    applied, the batch's answers are still returned (they happened), with no
+    claims, and the claim's error is logged; the caller claims again later. A
+    failing ``complete`` raises as usual (nothing claimed).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+    answers: list[StaleClaim | None] = store.complete(batch) if batch else []
+    if limit == 0:
+        return answers, []
+    try:
+        claims: list[Claim] = store.claim(limit=limit, lease=lease)
+    except Exception:
+        if not answers:
+            raise
+        log.warning(
+            "complete_and_claim: %d completion(s) recorded, the claim after them failed",
+            len(answers),
+            exc_info=True,
+        )
+        return answers, []
+    return answers, claims
+
+
+class CompletesAndClaims:
+    """``complete_and_claim`` as :func:`complete_then_claim`, for stores that have no
+    single round trip for it (yet)."""
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+
+class CompletesInBatches(CompletesAndClaims):
     """``ack`` / ``retry`` / ``bury`` as one-entry batches of ``complete``.
 
     For stores whose single calls are just a batch of one (memory, SQLite), so

@@ -17,6 +17,7 @@ from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
     RELEASED_NOTE,
+    CompletesAndClaims,
     check_ack_state,
     check_lease,
     check_limit,
@@ -68,7 +69,7 @@ _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds scri
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend:
+class RedisBackend(CompletesAndClaims):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
