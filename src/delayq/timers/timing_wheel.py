@@ -7,8 +7,9 @@ then 400 ms, 8 s, 160 s, ...). Upper levels are created lazily, on the first
 task that needs them, so a timer due in years costs a handful of levels, and
 memory is proportional to the pending tasks, not to the span.
 
-Each bucket is a circular doubly-linked list (O(1) add and cancel). A bucket of
-level ``k`` expires at its start; its tasks are then re-inserted from level 0
+Each bucket is a flat list of handles (O(1) add; cancel is O(1) and lazy,
+the handle is dropped when its bucket is processed). A bucket of level ``k``
+expires at its start; its tasks are then re-inserted from level 0
 upwards and land in a finer level (or fire, if their tick has come), which is
 why every task finally fires from level 0, at the first 1 ms boundary at or
 after its deadline.
@@ -40,7 +41,15 @@ from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
-from delayq.timers.base import DROPPED, EXPIRED, LinkedHandle, TimerHandle, _Node, _Ticks
+from delayq.timers.base import (
+    DROPPED,
+    EXPIRED,
+    TimerHandle,
+    WheelHandle,
+    _no_clock,
+    _Owner,
+    _Ticks,
+)
 
 __all__ = ["HierarchicalWheel", "TimingWheel"]
 
@@ -49,19 +58,20 @@ _ceil = math.ceil
 _NO_LIMIT = sys.maxsize
 
 
-class _Bucket(_Node):
-    """One bucket: the sentinel of a circular list, and its expiration tick (-1: not queued).
+class _Bucket(list[TimerHandle]):
+    """One bucket: a flat list of handles, and its expiration tick (-1: not queued).
 
-    ``room`` counts down the tasks linked since the bucket was queued; when it
+    ``room`` counts down the tasks added since the bucket was queued; when it
     reaches 0 the bucket is big enough to be cascaded ahead of its
     expiration (it starts negative where that never applies: level 0).
+    Cancelled handles stay in the list until the bucket is processed or the
+    wheel compacts (see :class:`~delayq.timers.base._Owner`).
     """
 
     __slots__ = ("expiration", "level", "room")
 
     def __init__(self, level: int) -> None:
-        self._prev = self
-        self._next = self
+        super().__init__()
         self.level = level
         self.expiration = -1
         self.room = -1
@@ -108,7 +118,11 @@ def _check_early_cascade(value: int | None) -> int:
 
 
 def _order_key(handle: TimerHandle) -> tuple[float, int]:
-    return (handle._deadline, handle._n)
+    # Ties FIFO without a sequence number: of two tasks with the same
+    # deadline, the one scheduled first went to the same or a higher level
+    # (levels only get finer as time passes), and within one bucket handles
+    # keep their order through every cascade.
+    return (handle._deadline, -handle._n)
 
 
 class HierarchicalWheel:
@@ -131,7 +145,6 @@ class HierarchicalWheel:
     __slots__ = (
         "_closed",
         "_cond",
-        "_count",
         "_current",
         "_early",
         "_early_min",
@@ -140,9 +153,10 @@ class HierarchicalWheel:
         "_limit",
         "_lock",
         "_max_pending",
+        "_monotonic",
         "_overdue",
+        "_owner",
         "_pushes",
-        "_seq",
         "_size",
         "_sleep_tick",
         "_ticks",
@@ -172,17 +186,26 @@ class HierarchicalWheel:
         self._early: list[tuple[int, int, _Bucket, int]] = []
         self._early_min = _check_early_cascade(early_cascade)
         self._overdue = _Bucket(-1)  # scheduled at or before the current tick: due now
-        self._count = 0
-        self._seq = 0
         self._max_pending = check_max_pending(max_pending)
         self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
-        # Guards schedule and cancel; a driver replaces it with its own lock,
+        # The lock, the pending and cancelled counts: what handles point to.
+        # The lock guards schedule and cancel; a driver attaches its own,
         # under which it also calls advance() and clear().
-        self._lock = threading.Lock()
+        self._owner = _Owner()
+        self._lock = self._owner.lock
         self._cond: threading.Condition | None = None  # the driver's condition, to wake it
+        self._monotonic: Callable[[], float] = _no_clock  # the driver's clock
         self._closed = False  # set by the driver when its timer stops
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
+
+    def _attach(
+        self, lock: threading.Lock, cond: threading.Condition, monotonic: Callable[[], float]
+    ) -> None:
+        """Use a driver's lock and clock, and notify its condition for earlier wake-ups."""
+        self._lock = self._owner.lock = lock
+        self._cond = self._owner.cond = cond
+        self._monotonic = monotonic
 
     # -- properties -----------------------------------------------------------
     @property
@@ -211,23 +234,23 @@ class HierarchicalWheel:
         return len(self._levels)
 
     def __len__(self) -> int:
-        return self._count
+        return self._owner.count
 
     def pending(self) -> int:
         """How many handles wait (not fired, not cancelled)."""
-        return self._count
+        return self._owner.count
 
     def level_of(self, handle: TimerHandle) -> int | None:
         """The level whose bucket holds ``handle`` (-1: due now), None if not pending.
 
-        For inspection and tests: walks the bucket's list to its sentinel.
+        For inspection and tests: searches the buckets.
         """
-        if handle._link is not self:
+        if handle._link is not self._owner:
             return None
-        node: _Node = handle._next
-        while not isinstance(node, _Bucket):
-            node = node._next
-        return node.level
+        for bucket in (self._overdue, *(b for level in self._levels for b in level.buckets)):
+            if any(h is handle for h in bucket):
+                return bucket.level
+        return None  # pragma: no cover - a pending handle is always in a bucket
 
     # -- scheduling -------------------------------------------------------------
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
@@ -241,7 +264,7 @@ class HierarchicalWheel:
             deadline = check_seconds(deadline, "deadline")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        handle = LinkedHandle()
+        handle = WheelHandle()
         handle._deadline = deadline
         handle._fn = fn
         handle._args = args
@@ -252,20 +275,20 @@ class HierarchicalWheel:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
+        owner = self._owner
         # acquire/release in try/finally: about 80 ns cheaper than ``with``.
         lock = self._lock
         lock.acquire()
         try:
             if self._closed:
                 raise QueueClosed("cannot schedule on a stopped timer")
-            if self._count >= self._limit:
+            if owner.count >= self._limit:
                 raise self._full()
-            handle._link = self
-            handle._n = self._seq
-            self._seq += 1
+            handle._link = owner
             # _place inlined for the common case: a level that already exists.
             if due <= self._current:
-                bucket = self._overdue
+                handle._n = -1
+                self._overdue.append(handle)
                 expiration = self._current
             else:
                 for level in self._levels:
@@ -282,12 +305,74 @@ class HierarchicalWheel:
                         break
                 else:
                     bucket, expiration = self._bucket_for(due)
-            last = bucket._prev
-            handle._prev = last
-            handle._next = bucket
-            last._next = handle
-            bucket._prev = handle
-            self._count += 1
+                handle._n = bucket.level
+                bucket.append(handle)
+            owner.count += 1
+            if expiration < self._sleep_tick:  # only while a driver sleeps past it
+                self._sleep_tick = -_INF
+                self._wake()
+        finally:
+            lock.release()
+        return handle
+
+    def _schedule_after(
+        self, delay: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle:
+        """One-frame ``schedule_at(monotonic() + delay, fn, *args)``: the timer's schedule_after.
+
+        The same body as :meth:`schedule_at` (a call per schedule saved):
+        change both together. ``_monotonic`` is the driver's clock.
+        """
+        cls = delay.__class__
+        if not ((cls is float and -_INF < delay < _INF) or cls is int):
+            delay = check_seconds(delay, "delay")
+        deadline = self._monotonic() + delay
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        handle = WheelHandle()
+        handle._deadline = deadline
+        handle._fn = fn
+        handle._args = args
+        ticks = self._ticks
+        start, tick = ticks.start, ticks.tick
+        due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        if start + due * tick < deadline:
+            due += 1
+        elif start + (due - 1) * tick >= deadline:
+            due -= 1
+        owner = self._owner
+        # acquire/release in try/finally: about 80 ns cheaper than ``with``.
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                raise QueueClosed("cannot schedule on a stopped timer")
+            if owner.count >= self._limit:
+                raise self._full()
+            handle._link = owner
+            # _place inlined for the common case: a level that already exists.
+            if due <= self._current:
+                handle._n = -1
+                self._overdue.append(handle)
+                expiration = self._current
+            else:
+                for level in self._levels:
+                    if due < level.current + level.span:
+                        unit = level.unit
+                        bucket_id = due // unit
+                        bucket = level.buckets[bucket_id % level.size]
+                        expiration = bucket_id * unit
+                        if bucket.expiration != expiration:
+                            self._queue_bucket(bucket, expiration)
+                        bucket.room -= 1
+                        if not bucket.room:
+                            self._queue_early(bucket)
+                        break
+                else:
+                    bucket, expiration = self._bucket_for(due)
+                handle._n = bucket.level
+                bucket.append(handle)
+            owner.count += 1
             if expiration < self._sleep_tick:  # only while a driver sleeps past it
                 self._sleep_tick = -_INF
                 self._wake()
@@ -351,16 +436,9 @@ class HierarchicalWheel:
         return bucket, expiration
 
     def _place(self, handle: TimerHandle, due: int) -> None:
-        """Link ``handle`` (due at tick ``due``) into the finest level that spans it."""
+        """Add ``handle`` (due at tick ``due``) to the finest level that spans it."""
         bucket = self._overdue if due <= self._current else self._bucket_for(due)[0]
-        last = bucket._prev
-        handle._prev = last
-        handle._next = bucket
-        last._next = handle
-        bucket._prev = handle
-
-    def _cancel(self, handle: TimerHandle) -> bool:
-        return LinkedHandle.cancel(handle)  # type: ignore[arg-type]  # handles are linked
+        bucket.append(handle)
 
     # -- time ---------------------------------------------------------------------
     def next_expiration(self) -> float | None:
@@ -389,23 +467,36 @@ class HierarchicalWheel:
         early = self._early
         while early:
             tick, _, bucket, expiration = early[0]
-            if bucket.expiration == expiration and bucket._next is not bucket:
+            if bucket.expiration == expiration and self._has_live(bucket):
                 return max(tick, self._current)
             heapq.heappop(early)
         return None
 
     def _next_expiring(self) -> int | None:
-        if self._overdue._next is not self._overdue:
+        if self._has_live(self._overdue):
             return self._current
         heap = self._heap
         while heap:
             expiration, _, bucket = heap[0]
-            if bucket._next is not bucket and bucket.expiration == expiration:
+            if bucket.expiration == expiration and self._has_live(bucket):
                 return expiration
             heapq.heappop(heap)
             if bucket.expiration == expiration:
                 bucket.expiration = -1
         return None
+
+    def _has_live(self, bucket: _Bucket) -> bool:
+        """True if ``bucket`` holds a pending handle; drops the cancelled ones before it."""
+        owner = self._owner
+        dead = 0
+        for handle in bucket:
+            if handle._link is owner:
+                break
+            dead += 1
+        if dead:
+            del bucket[:dead]
+            owner.dead -= dead
+        return bool(bucket)
 
     def advance(self, now: float) -> list[TimerHandle]:
         """Expire every bucket due by ``now``; return the handles that fire.
@@ -414,43 +505,54 @@ class HierarchicalWheel:
         returned handles are marked expired, in deadline order, ties in
         scheduling order.
         """
+        owner = self._owner
+        if owner.dead and owner.wants_compaction():
+            self._compact()
         out: list[TimerHandle] = []
+        fire = out.append
+        dead = 0
         overdue = self._overdue
-        if overdue._next is not overdue:
-            node: Any = overdue._next
-            while node is not overdue:
-                node._link = EXPIRED
-                out.append(node)
-                node = node._next
-            overdue._next = overdue._prev = overdue
+        if overdue:
+            for handle in overdue:
+                if handle._link is owner:
+                    handle._link = EXPIRED
+                    fire(handle)
+                else:
+                    dead += 1
+            overdue.clear()
         target = self._ticks.current(now)
         heap = self._heap
         due_of = self._ticks.due
+        place = self._place
         while heap and heap[0][0] <= target:
             expiration, _, bucket = heapq.heappop(heap)
             if bucket.expiration != expiration:
                 continue  # stale entry (the bucket was pruned and reused)
             bucket.expiration = -1
             self._advance_clock(expiration)
-            node = bucket._next
-            bucket._next = bucket._prev = bucket
+            handles = bucket[:]
+            bucket.clear()
             if bucket.level == 0:  # every task here is due at exactly this tick
-                while node is not bucket:
-                    node._link = EXPIRED
-                    out.append(node)
-                    node = node._next
+                for handle in handles:
+                    if handle._link is owner:
+                        handle._link = EXPIRED
+                        fire(handle)
+                    else:
+                        dead += 1
                 continue
-            while node is not bucket:
-                nxt = node._next
-                due = due_of(node._deadline)
+            for handle in handles:
+                if handle._link is not owner:
+                    dead += 1
+                    continue
+                due = due_of(handle._deadline)
                 if due <= expiration:
-                    node._link = EXPIRED
-                    out.append(node)
+                    handle._link = EXPIRED
+                    fire(handle)
                 else:
-                    self._place(node, due)
-                node = nxt
+                    place(handle, due)
         self._advance_clock(target)
-        self._count -= len(out)
+        owner.count -= len(out)
+        owner.dead -= dead
         if len(out) > 1:
             out.sort(key=_order_key)
         return out
@@ -475,35 +577,37 @@ class HierarchicalWheel:
         current = self._current
         due_of = self._ticks.due
         levels = self._levels
+        owner = self._owner
         moved = 0
         while early and early[0][0] <= current and moved < max_tasks:
             _, _, bucket, expiration = early[0]
-            if bucket.expiration != expiration or bucket._next is bucket:
+            if bucket.expiration != expiration or not bucket:
                 heapq.heappop(early)
                 continue
             lower = levels[bucket.level - 1]
             unit, size, ring = lower.unit, lower.size, lower.buckets
-            node: Any = bucket._next
-            while node is not bucket and moved < max_tasks:
-                nxt = node._next
-                bucket_id = due_of(node._deadline) // unit
+            taken = 0
+            dead = 0
+            for handle in bucket:
+                if moved == max_tasks:
+                    break
+                taken += 1
+                if handle._link is not owner:
+                    dead += 1
+                    continue
+                bucket_id = due_of(handle._deadline) // unit
                 target = ring[bucket_id % size]
                 target_expiration = bucket_id * unit
                 if target.expiration != target_expiration:
                     self._queue_bucket(target, target_expiration)
-                last = target._prev
-                node._prev = last
-                node._next = target
-                last._next = node
-                target._prev = node
+                target.append(handle)
                 target.room -= 1
                 if not target.room:
                     self._queue_early(target)
                 moved += 1
-                node = nxt
-            bucket._next = node  # unlink the moved prefix
-            node._prev = bucket
-            if node is bucket:
+            del bucket[:taken]  # the moved prefix
+            owner.dead -= dead
+            if not bucket:
                 heapq.heappop(early)
                 bucket.room = self._early_min  # may grow big again before it expires
         return moved
@@ -516,28 +620,37 @@ class HierarchicalWheel:
 
     def clear(self) -> list[TimerHandle]:
         """Remove every pending handle; return them (marked dropped) in deadline order."""
+        owner = self._owner
         out: list[TimerHandle] = []
         buckets = [self._overdue]
         for level in self._levels:
             buckets.extend(level.buckets)
         for bucket in buckets:
-            node: Any = bucket._next
-            while node is not bucket:
-                node._link = DROPPED
-                out.append(node)
-                node = node._next
-            bucket._next = bucket._prev = bucket
+            for handle in bucket:
+                if handle._link is owner:
+                    handle._link = DROPPED
+                    out.append(handle)
+            bucket.clear()
             bucket.expiration = -1
         self._heap.clear()
         self._early.clear()
-        self._count = 0
+        owner.count = 0
+        owner.dead = 0
         out.sort(key=_order_key)
         return out
+
+    def _compact(self) -> None:
+        """Drop every cancelled handle from the buckets (order kept)."""
+        owner = self._owner
+        for bucket in (self._overdue, *(b for level in self._levels for b in level.buckets)):
+            if bucket:
+                bucket[:] = [h for h in bucket if h._link is owner]
+        owner.dead = 0
 
     def __repr__(self) -> str:
         return (
             f"<HierarchicalWheel tick={self.tick} wheel_size={self._size} levels={self.levels} "
-            f"current_tick={self._current} pending={self._count}>"
+            f"current_tick={self._current} pending={self._owner.count}>"
         )
 
 
