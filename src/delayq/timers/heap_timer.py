@@ -92,8 +92,7 @@ class DelayQueueTimer(TimerBase):
                 )
             handle = _HeapHandle()
             handle._deadline = deadline
-            handle._fn = fn
-            handle._args = args
+            handle._call = (fn, *args) if args else fn
             handle._link = self
             live = self._live
             last = live._prev

@@ -266,8 +266,7 @@ class HierarchicalWheel:
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
         handle._deadline = deadline
-        handle._fn = fn
-        handle._args = args
+        handle._call = (fn, *args) if args else fn
         ticks = self._ticks
         start, tick = ticks.start, ticks.tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
@@ -331,8 +330,7 @@ class HierarchicalWheel:
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
         handle._deadline = deadline
-        handle._fn = fn
-        handle._args = args
+        handle._call = (fn, *args) if args else fn
         ticks = self._ticks
         start, tick = ticks.start, ticks.tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
