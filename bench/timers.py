@@ -128,6 +128,7 @@ def delayq_round(make: Callable[[], Any], delays: list[float]) -> Sample:
         t = cpu_time()
         handles = [schedule_at(d, _noop) for d in deadlines]
         at = cpu_time() - t
+        assert len(handles) == len(deadlines)
         timer.stop(wait=False)
     return Sample(after, at, cancel)
 
