@@ -197,7 +197,7 @@ class WheelCore(Protocol):
     ``_sleep_tick`` to the tick it sleeps until (``_next_tick()``, or inf); a
     schedule whose bucket expires earlier (or that creates early work sooner)
     resets it to -inf and notifies ``_cond``. While the driver is awake ``_sleep_tick`` is -inf, so
-    schedules do not notify at all. ``_closed`` makes ``schedule_at`` raise
+    schedules do not notify at all. ``_close()`` makes ``schedule_at`` raise
     :class:`~delayq.errors.QueueClosed`.
     """
 
@@ -218,6 +218,8 @@ class WheelCore(Protocol):
     ) -> TimerHandle: ...
 
     def _next_tick(self) -> int | None: ...
+
+    def _close(self) -> None: ...
 
     def cascade_early(self, max_tasks: int = ...) -> int: ...
 
@@ -324,7 +326,7 @@ class WheelTimer(TimerBase):
     def _stop_driver(self) -> list[TimerHandle]:
         with self._cond:
             self._closed = True
-            self._core._closed = True
+            self._core._close()
             self._cond.notify_all()
             dropped = self._core.clear()
         if threading.current_thread() is not self._thread:

@@ -158,31 +158,27 @@ COMPACT_MIN = 4096
 
 
 class _Owner:
-    """What a wheel's pending handles point to: its lock and counters, not the wheel.
+    """What a wheel's pending handles point to: its lock and cancel count, not the wheel.
 
     Cancellation is lazy: ``cancel()`` marks the handle cancelled and counts
     it in ``dead``; the handle stays in its bucket until the wheel passes it
-    (and drops it) or compacts. ``count`` is the number of pending handles.
-    Once ``dead`` reaches :data:`COMPACT_MIN` and outnumbers them, a cancel
-    wakes the driver (``cond``) every 1,024 cancels, and its next ``advance``
-    compacts every bucket: amortised O(1) per cancel, and dead handles never
-    hold more memory than live ones for long. Guarded by ``lock``.
+    (and drops it) or compacts. The wheel compacts every bucket in ``advance``
+    once ``dead`` reaches :data:`COMPACT_MIN` and outnumbers the pending
+    handles (amortised O(1) per cancel: dead handles never hold more memory
+    than live ones for long); a cancel that brings ``dead`` to a power of two
+    from there wakes the driver (``cond``) so that a sleeping wheel compacts
+    too. Guarded by ``lock``.
     """
 
-    __slots__ = ("cond", "count", "dead", "lock")
+    __slots__ = ("cond", "dead", "lock")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cond: threading.Condition | None = None
-        self.count = 0
         self.dead = 0
 
     def _cancel(self, handle: TimerHandle) -> bool:
         return WheelHandle.cancel(handle)  # type: ignore[arg-type]  # only wheel handles link here
-
-    def wants_compaction(self) -> bool:
-        """True when cancelled handles outnumber pending ones (and there are enough of them)."""
-        return self.dead >= COMPACT_MIN and self.dead > self.count
 
 
 class WheelHandle(TimerHandle):
@@ -205,13 +201,12 @@ class WheelHandle(TimerHandle):
             if self._link is not owner:  # expired or dropped meanwhile
                 return False
             self._link = CANCELLED
-            owner.count -= 1
             dead = owner.dead + 1
             owner.dead = dead
-            if not dead & 1023 and dead >= COMPACT_MIN and dead > owner.count:
+            if dead >= COMPACT_MIN and not dead & (dead - 1):
                 cond = owner.cond
                 if cond is not None:
-                    cond.notify()  # the driver compacts in its next advance
+                    cond.notify()  # the driver's next advance may compact
             return True
         finally:
             lock.release()

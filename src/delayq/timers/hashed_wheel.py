@@ -40,6 +40,7 @@ from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import (
+    COMPACT_MIN,
     DROPPED,
     EXPIRED,
     TimerHandle,
@@ -89,13 +90,17 @@ class HashedWheel:
         "_closed",
         "_cond",
         "_current",
+        "_held",
         "_limit",
         "_lock",
         "_max_pending",
         "_monotonic",
         "_overdue",
         "_owner",
+        "_size",
         "_sleep_tick",
+        "_start",
+        "_tick",
         "_ticks",
         "_wheel",
     )
@@ -109,9 +114,12 @@ class HashedWheel:
         max_pending: int | None = None,
     ) -> None:
         self._ticks = _Ticks(check_seconds(start, "start"), check_tick(tick))
-        self._wheel: list[list[TimerHandle]] = [[] for _ in range(_check_slots(slots))]
+        self._start, self._tick = self._ticks.start, self._ticks.tick  # read by every schedule
+        self._size = _check_slots(slots)
+        self._wheel: list[list[TimerHandle]] = [[] for _ in range(self._size)]
         self._overdue: list[TimerHandle] = []  # scheduled at or before the current tick: due now
         self._current = 0
+        self._held = 0  # handles in the slots: pending, or cancelled and not yet dropped
         self._max_pending = check_max_pending(max_pending)
         self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
         # The lock, the pending and cancelled counts: what handles point to.
@@ -153,11 +161,11 @@ class HashedWheel:
         return self._current
 
     def __len__(self) -> int:
-        return self._owner.count
+        return self._held - self._owner.dead
 
     def pending(self) -> int:
         """How many handles wait (not fired, not cancelled)."""
-        return self._owner.count
+        return self._held - self._owner.dead
 
     # -- scheduling -------------------------------------------------------------
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
@@ -174,38 +182,36 @@ class HashedWheel:
         handle = WheelHandle()
         handle._deadline = deadline
         handle._call = (fn, *args) if args else fn
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
-        owner = self._owner
         # acquire/release in try/finally: about 80 ns cheaper than ``with``.
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if owner.count >= self._limit:
-                raise self._full()
-            handle._link = owner
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
             current = self._current
-            if due <= current:
+            if due > current:
+                size = self._size
+                handle._n = (due - current - 1) // size
+                self._wheel[due % size].append(handle)
+                self._held += 1
+                if current + 1 < self._sleep_tick:  # only while a driver sleeps past the next tick
+                    self._sleep_tick = -_INF
+                    self._wake()
+            else:
                 handle._n = 0
                 self._overdue.append(handle)
-                wake = current
-            else:
-                wheel = self._wheel
-                size = len(wheel)
-                handle._n = (due - current - 1) // size
-                wheel[due % size].append(handle)
-                wake = current + 1
-            owner.count += 1
-            if wake < self._sleep_tick:  # only while a driver sleeps past it
-                self._sleep_tick = -_INF
-                self._wake()
+                self._held += 1
+                if current < self._sleep_tick:
+                    self._sleep_tick = -_INF
+                    self._wake()
         finally:
             lock.release()
         return handle
@@ -227,47 +233,59 @@ class HashedWheel:
         handle = WheelHandle()
         handle._deadline = deadline
         handle._call = (fn, *args) if args else fn
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
-        owner = self._owner
         # acquire/release in try/finally: about 80 ns cheaper than ``with``.
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if owner.count >= self._limit:
-                raise self._full()
-            handle._link = owner
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
             current = self._current
-            if due <= current:
+            if due > current:
+                size = self._size
+                handle._n = (due - current - 1) // size
+                self._wheel[due % size].append(handle)
+                self._held += 1
+                if current + 1 < self._sleep_tick:  # only while a driver sleeps past the next tick
+                    self._sleep_tick = -_INF
+                    self._wake()
+            else:
                 handle._n = 0
                 self._overdue.append(handle)
-                wake = current
-            else:
-                wheel = self._wheel
-                size = len(wheel)
-                handle._n = (due - current - 1) // size
-                wheel[due % size].append(handle)
-                wake = current + 1
-            owner.count += 1
-            if wake < self._sleep_tick:  # only while a driver sleeps past it
-                self._sleep_tick = -_INF
-                self._wake()
+                self._held += 1
+                if current < self._sleep_tick:
+                    self._sleep_tick = -_INF
+                    self._wake()
         finally:
             lock.release()
         return handle
 
-    def _full(self) -> QueueFull:
-        return QueueFull(
-            f"the wheel holds max_pending={self._max_pending} pending timers; "
-            "cancel some or create the timer with a larger max_pending"
-        )
+    def _refuse(self) -> None:
+        """Raise why a schedule is refused: stopped, or ``max_pending`` reached.
+
+        ``_held`` counts cancelled handles not yet dropped too, so a full
+        count is checked again without them first (lock held).
+        """
+        if self._closed:
+            raise QueueClosed("cannot schedule on a stopped timer")
+        if self._held - self._owner.dead >= self._limit:
+            raise QueueFull(
+                f"the wheel holds max_pending={self._max_pending} pending timers; "
+                "cancel some or create the timer with a larger max_pending"
+            )
+        self._compact()  # room once the cancelled ones are dropped
+
+    def _close(self) -> None:
+        """Refuse every later schedule (the driver's stop; lock held)."""
+        self._closed = True
+        self._limit = -1
 
     def _wake(self) -> None:
         if self._cond is not None:
@@ -303,12 +321,9 @@ class HashedWheel:
         return None if tick is None else self._ticks.boundary(tick)
 
     def _next_tick(self) -> int | None:
-        owner = self._owner
-        if self._overdue and owner.count:
-            return self._current
-        if owner.count == 0:
+        if self._held == self._owner.dead:  # nothing pending
             return None
-        return self._current + 1
+        return self._current if self._overdue else self._current + 1
 
     def cascade_early(self, max_tasks: int = 256) -> int:
         """Nothing to do ahead of time on a single ring (the driver protocol); returns 0."""
@@ -321,8 +336,7 @@ class HashedWheel:
         deadline order, ties in scheduling order. ``now`` earlier than the
         current tick is a no-op.
         """
-        owner = self._owner
-        if owner.dead and owner.wants_compaction():
+        if self._owner.dead >= COMPACT_MIN and self._wants_compaction():
             self._compact()
         out: list[TimerHandle] = []
         if self._overdue:
@@ -331,8 +345,8 @@ class HashedWheel:
         target = self._ticks.current(now)
         current = self._current
         if target > current:
-            if owner.count == 0:
-                pass  # nothing live to visit: jump
+            if self._held == self._owner.dead:
+                pass  # nothing pending to visit: jump
             elif target - current < len(self._wheel):
                 wheel = self._wheel
                 size = len(wheel)
@@ -372,8 +386,9 @@ class HashedWheel:
             else:
                 handle._n = n - passes
                 stay(handle)
-        owner.dead -= len(slot) - fired - len(keep)
-        owner.count -= fired
+        dropped = len(slot) - fired - len(keep)
+        owner.dead -= dropped
+        self._held -= fired + dropped
         return keep
 
     def _visit_all(self, current: int, target: int, out: list[TimerHandle]) -> None:
@@ -387,9 +402,15 @@ class HashedWheel:
             passes = (target - first) // size + 1
             wheel[index] = self._visit(slot, passes, out)
 
+    def _wants_compaction(self) -> bool:
+        """True when cancelled handles outnumber pending ones (and there are enough)."""
+        dead = self._owner.dead
+        return dead >= COMPACT_MIN and dead > self._held - dead
+
     def _compact(self) -> None:
         """Drop every cancelled handle from the slots (order kept)."""
         owner = self._owner
+        self._held -= owner.dead
         wheel = self._wheel
         for index, slot in enumerate(wheel):
             if slot:
@@ -407,7 +428,7 @@ class HashedWheel:
                     handle._link = DROPPED
                     out.append(handle)
             slot.clear()
-        owner.count = 0
+        self._held = 0
         owner.dead = 0
         out.sort(key=_deadline_key)
         return out
@@ -415,7 +436,7 @@ class HashedWheel:
     def __repr__(self) -> str:
         return (
             f"<HashedWheel tick={self.tick} slots={self.slots} "
-            f"current_tick={self._current} pending={self._owner.count}>"
+            f"current_tick={self._current} pending={self.pending()}>"
         )
 
 

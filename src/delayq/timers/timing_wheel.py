@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right as _bisect
 import sys
 import threading
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import (
+    COMPACT_MIN,
     DROPPED,
     EXPIRED,
     TimerHandle,
@@ -61,20 +63,18 @@ _NO_LIMIT = sys.maxsize
 class _Bucket(list[TimerHandle]):
     """One bucket: a flat list of handles, and its expiration tick (-1: not queued).
 
-    ``room`` counts down the tasks added since the bucket was queued; when it
-    reaches 0 the bucket is big enough to be cascaded ahead of its
-    expiration (it starts negative where that never applies: level 0).
-    Cancelled handles stay in the list until the bucket is processed or the
-    wheel compacts (see :class:`~delayq.timers.base._Owner`).
+    When an upper-level bucket grows to its level's ``early_at`` handles it
+    is big enough to be cascaded ahead of its expiration. Cancelled handles
+    stay in the list until the bucket is processed or the wheel compacts
+    (see :class:`~delayq.timers.base._Owner`).
     """
 
-    __slots__ = ("expiration", "level", "room")
+    __slots__ = ("expiration", "level")
 
     def __init__(self, level: int) -> None:
         super().__init__()
         self.level = level
         self.expiration = -1
-        self.room = -1
 
 
 class _Level:
@@ -94,10 +94,14 @@ class _Level:
     bucket.
     """
 
-    __slots__ = ("buckets", "current", "index", "size", "span", "unit")
+    __slots__ = ("buckets", "current", "early_at", "index", "size", "span", "unit")
 
-    def __init__(self, index: int, unit: int, wheel_size: int, current: int) -> None:
+    def __init__(
+        self, index: int, unit: int, wheel_size: int, current: int, early_min: int
+    ) -> None:
         self.index = index
+        # A bucket holding this many handles is cascaded early (-1: never; level 0 never).
+        self.early_at = early_min if index > 0 else -1
         self.unit = unit
         self.size = 2 * wheel_size
         self.span = unit * wheel_size
@@ -149,16 +153,21 @@ class HierarchicalWheel:
         "_early",
         "_early_min",
         "_heap",
+        "_held",
         "_levels",
         "_limit",
+        "_limits",
         "_lock",
         "_max_pending",
         "_monotonic",
         "_overdue",
         "_owner",
         "_pushes",
+        "_ring",
         "_size",
         "_sleep_tick",
+        "_start",
+        "_tick",
         "_ticks",
     )
 
@@ -177,15 +186,21 @@ class HierarchicalWheel:
         self._ticks = _Ticks(check_seconds(start, "start"), seconds)
         self._size = wheel_size
         self._current = 0
-        self._levels = [_Level(0, 1, wheel_size, 0)]
+        self._early_min = _check_early_cascade(early_cascade)
+        self._levels = [_Level(0, 1, wheel_size, 0, self._early_min)]
+        # limits[i] = levels[i].current + levels[i].span: a task due before it fits
+        # level i, so bisect finds the finest level for a tick in one C call.
+        self._limits = [self._levels[0].current + self._levels[0].span]
+        self._ring = 2 * wheel_size  # buckets per level
         # (expiration tick, push number, bucket): the non-empty buckets by expiration.
         self._heap: list[tuple[int, int, _Bucket]] = []
         self._pushes = 0
         # (tick, push number, bucket, expiration): big upper-level buckets by the
         # tick from which they may be cascaded early (their expiration - unit).
         self._early: list[tuple[int, int, _Bucket, int]] = []
-        self._early_min = _check_early_cascade(early_cascade)
         self._overdue = _Bucket(-1)  # scheduled at or before the current tick: due now
+        self._held = 0  # handles in the buckets: pending, or cancelled and not yet dropped
+        self._start, self._tick = self._ticks.start, self._ticks.tick  # read by every schedule
         self._max_pending = check_max_pending(max_pending)
         self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
         # The lock, the pending and cancelled counts: what handles point to.
@@ -234,11 +249,11 @@ class HierarchicalWheel:
         return len(self._levels)
 
     def __len__(self) -> int:
-        return self._owner.count
+        return self._held - self._owner.dead
 
     def pending(self) -> int:
         """How many handles wait (not fired, not cancelled)."""
-        return self._owner.count
+        return self._held - self._owner.dead
 
     def level_of(self, handle: TimerHandle) -> int | None:
         """The level whose bucket holds ``handle`` (-1: due now), None if not pending.
@@ -267,46 +282,46 @@ class HierarchicalWheel:
         handle = WheelHandle()
         handle._deadline = deadline
         handle._call = (fn, *args) if args else fn
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
-        owner = self._owner
         # acquire/release in try/finally: about 80 ns cheaper than ``with``.
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if owner.count >= self._limit:
-                raise self._full()
-            handle._link = owner
-            # _place inlined for the common case: a level that already exists.
-            if due <= self._current:
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
+            if due > self._current:
+                # _bucket_for inlined for the common case: a level that already exists.
+                index = _bisect(self._limits, due)
+                if index < len(self._limits):
+                    handle._n = index
+                    level = self._levels[index]
+                    unit = level.unit
+                    bucket_id = due // unit
+                    bucket = level.buckets[bucket_id % self._ring]
+                    expiration = bucket_id * unit
+                    if bucket.expiration != expiration:
+                        self._queue_bucket(bucket, expiration)
+                    bucket.append(handle)
+                    if len(bucket) == level.early_at:
+                        self._queue_early(bucket)
+                else:
+                    bucket, expiration = self._bucket_for(due)
+                    handle._n = bucket.level
+                    bucket.append(handle)
+                    if len(bucket) == self._levels[bucket.level].early_at:
+                        self._queue_early(bucket)
+            else:
                 handle._n = -1
                 self._overdue.append(handle)
                 expiration = self._current
-            else:
-                for level in self._levels:
-                    if due < level.current + level.span:
-                        unit = level.unit
-                        bucket_id = due // unit
-                        bucket = level.buckets[bucket_id % level.size]
-                        expiration = bucket_id * unit
-                        if bucket.expiration != expiration:
-                            self._queue_bucket(bucket, expiration)
-                        bucket.room -= 1
-                        if not bucket.room:
-                            self._queue_early(bucket)
-                        break
-                else:
-                    bucket, expiration = self._bucket_for(due)
-                handle._n = bucket.level
-                bucket.append(handle)
-            owner.count += 1
+            self._held += 1
             if expiration < self._sleep_tick:  # only while a driver sleeps past it
                 self._sleep_tick = -_INF
                 self._wake()
@@ -331,46 +346,46 @@ class HierarchicalWheel:
         handle = WheelHandle()
         handle._deadline = deadline
         handle._call = (fn, *args) if args else fn
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
         elif start + (due - 1) * tick >= deadline:
             due -= 1
-        owner = self._owner
         # acquire/release in try/finally: about 80 ns cheaper than ``with``.
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if owner.count >= self._limit:
-                raise self._full()
-            handle._link = owner
-            # _place inlined for the common case: a level that already exists.
-            if due <= self._current:
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
+            if due > self._current:
+                # _bucket_for inlined for the common case: a level that already exists.
+                index = _bisect(self._limits, due)
+                if index < len(self._limits):
+                    handle._n = index
+                    level = self._levels[index]
+                    unit = level.unit
+                    bucket_id = due // unit
+                    bucket = level.buckets[bucket_id % self._ring]
+                    expiration = bucket_id * unit
+                    if bucket.expiration != expiration:
+                        self._queue_bucket(bucket, expiration)
+                    bucket.append(handle)
+                    if len(bucket) == level.early_at:
+                        self._queue_early(bucket)
+                else:
+                    bucket, expiration = self._bucket_for(due)
+                    handle._n = bucket.level
+                    bucket.append(handle)
+                    if len(bucket) == self._levels[bucket.level].early_at:
+                        self._queue_early(bucket)
+            else:
                 handle._n = -1
                 self._overdue.append(handle)
                 expiration = self._current
-            else:
-                for level in self._levels:
-                    if due < level.current + level.span:
-                        unit = level.unit
-                        bucket_id = due // unit
-                        bucket = level.buckets[bucket_id % level.size]
-                        expiration = bucket_id * unit
-                        if bucket.expiration != expiration:
-                            self._queue_bucket(bucket, expiration)
-                        bucket.room -= 1
-                        if not bucket.room:
-                            self._queue_early(bucket)
-                        break
-                else:
-                    bucket, expiration = self._bucket_for(due)
-                handle._n = bucket.level
-                bucket.append(handle)
-            owner.count += 1
+            self._held += 1
             if expiration < self._sleep_tick:  # only while a driver sleeps past it
                 self._sleep_tick = -_INF
                 self._wake()
@@ -378,11 +393,25 @@ class HierarchicalWheel:
             lock.release()
         return handle
 
-    def _full(self) -> QueueFull:
-        return QueueFull(
-            f"the wheel holds max_pending={self._max_pending} pending timers; "
-            "cancel some or create the timer with a larger max_pending"
-        )
+    def _refuse(self) -> None:
+        """Raise why a schedule is refused: stopped, or ``max_pending`` reached.
+
+        ``_held`` counts cancelled handles not yet dropped too, so a full
+        count is checked again without them first (lock held).
+        """
+        if self._closed:
+            raise QueueClosed("cannot schedule on a stopped timer")
+        if self._held - self._owner.dead >= self._limit:
+            raise QueueFull(
+                f"the wheel holds max_pending={self._max_pending} pending timers; "
+                "cancel some or create the timer with a larger max_pending"
+            )
+        self._compact()  # room once the cancelled ones are dropped
+
+    def _close(self) -> None:
+        """Refuse every later schedule (the driver's stop; lock held)."""
+        self._closed = True
+        self._limit = -1
 
     def _wake(self) -> None:
         if self._cond is not None:
@@ -391,7 +420,6 @@ class HierarchicalWheel:
     def _queue_bucket(self, bucket: _Bucket, expiration: int) -> None:
         """Put a bucket that just became non-empty (for ``expiration``) on the heap."""
         bucket.expiration = expiration
-        bucket.room = self._early_min if bucket.level > 0 else -1
         self._pushes += 1
         heapq.heappush(self._heap, (expiration, self._pushes, bucket))
 
@@ -412,7 +440,9 @@ class HierarchicalWheel:
     def _bucket_for(self, due: int) -> tuple[_Bucket, int]:
         """The bucket for tick ``due`` (> current), queued, and its expiration.
 
-        Walks up from level 0 and creates overflow levels as needed.
+        Walks up from level 0 and creates overflow levels as needed. The
+        caller appends the handle, then queues the bucket for early cascade
+        if that made it big (``len(bucket) == level.early_at``).
         """
         levels = self._levels
         level = levels[0]
@@ -420,23 +450,28 @@ class HierarchicalWheel:
             if level.index + 1 < len(levels):
                 level = levels[level.index + 1]
             else:
-                level = _Level(level.index + 1, level.span, self._size, level.current)
+                level = _Level(
+                    level.index + 1, level.span, self._size, level.current, self._early_min
+                )
                 levels.append(level)
+                self._limits.append(level.current + level.span)
         unit = level.unit
         bucket_id = due // unit
         bucket = level.buckets[bucket_id % level.size]
         expiration = bucket_id * unit
         if bucket.expiration != expiration:
             self._queue_bucket(bucket, expiration)
-        bucket.room -= 1
-        if not bucket.room:
-            self._queue_early(bucket)
         return bucket, expiration
 
     def _place(self, handle: TimerHandle, due: int) -> None:
         """Add ``handle`` (due at tick ``due``) to the finest level that spans it."""
-        bucket = self._overdue if due <= self._current else self._bucket_for(due)[0]
+        if due <= self._current:
+            self._overdue.append(handle)
+            return
+        bucket = self._bucket_for(due)[0]
         bucket.append(handle)
+        if len(bucket) == self._levels[bucket.level].early_at:
+            self._queue_early(bucket)
 
     # -- time ---------------------------------------------------------------------
     def next_expiration(self) -> float | None:
@@ -494,6 +529,7 @@ class HierarchicalWheel:
         if dead:
             del bucket[:dead]
             owner.dead -= dead
+            self._held -= dead
         return bool(bucket)
 
     def advance(self, now: float) -> list[TimerHandle]:
@@ -504,7 +540,7 @@ class HierarchicalWheel:
         scheduling order.
         """
         owner = self._owner
-        if owner.dead and owner.wants_compaction():
+        if owner.dead >= COMPACT_MIN and self._wants_compaction():
             self._compact()
         out: list[TimerHandle] = []
         fire = out.append
@@ -549,7 +585,7 @@ class HierarchicalWheel:
                 else:
                     place(handle, due)
         self._advance_clock(target)
-        owner.count -= len(out)
+        self._held -= len(out) + dead
         owner.dead -= dead
         if len(out) > 1:
             out.sort(key=_order_key)
@@ -599,22 +635,23 @@ class HierarchicalWheel:
                 if target.expiration != target_expiration:
                     self._queue_bucket(target, target_expiration)
                 target.append(handle)
-                target.room -= 1
-                if not target.room:
+                if len(target) == lower.early_at:
                     self._queue_early(target)
                 moved += 1
             del bucket[:taken]  # the moved prefix
             owner.dead -= dead
-            if not bucket:
+            self._held -= dead
+            if not bucket:  # it may grow big again before it expires, and be queued again
                 heapq.heappop(early)
-                bucket.room = self._early_min  # may grow big again before it expires
         return moved
 
     def _advance_clock(self, tick: int) -> None:
         if tick > self._current:
             self._current = tick
+            limits = self._limits
             for level in self._levels:
-                level.current = tick - tick % level.unit
+                level.current = current = tick - tick % level.unit
+                limits[level.index] = current + level.span
 
     def clear(self) -> list[TimerHandle]:
         """Remove every pending handle; return them (marked dropped) in deadline order."""
@@ -632,14 +669,20 @@ class HierarchicalWheel:
             bucket.expiration = -1
         self._heap.clear()
         self._early.clear()
-        owner.count = 0
+        self._held = 0
         owner.dead = 0
         out.sort(key=_order_key)
         return out
 
+    def _wants_compaction(self) -> bool:
+        """True when cancelled handles outnumber pending ones (and there are enough)."""
+        dead = self._owner.dead
+        return dead >= COMPACT_MIN and dead > self._held - dead
+
     def _compact(self) -> None:
         """Drop every cancelled handle from the buckets (order kept)."""
         owner = self._owner
+        self._held -= owner.dead
         for bucket in (self._overdue, *(b for level in self._levels for b in level.buckets)):
             if bucket:
                 bucket[:] = [h for h in bucket if h._link is owner]
@@ -648,7 +691,7 @@ class HierarchicalWheel:
     def __repr__(self) -> str:
         return (
             f"<HierarchicalWheel tick={self.tick} wheel_size={self._size} levels={self.levels} "
-            f"current_tick={self._current} pending={self._owner.count}>"
+            f"current_tick={self._current} pending={self.pending()}>"
         )
 
 
