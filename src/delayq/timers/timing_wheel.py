@@ -151,6 +151,7 @@ class HierarchicalWheel:
         "_cond",
         "_current",
         "_early",
+        "_early_lead",
         "_early_min",
         "_heap",
         "_held",
@@ -198,6 +199,7 @@ class HierarchicalWheel:
         # (tick, push number, bucket, expiration): big upper-level buckets by the
         # tick from which they may be cascaded early (their expiration - unit).
         self._early: list[tuple[int, int, _Bucket, int]] = []
+        self._early_lead = wheel_size * wheel_size  # ticks
         self._overdue = _Bucket(-1)  # scheduled at or before the current tick: due now
         self._held = 0  # handles in the buckets: pending, or cancelled and not yet dropped
         self._start, self._tick = self._ticks.start, self._ticks.tick  # read by every schedule
@@ -427,10 +429,15 @@ class HierarchicalWheel:
         """Note that ``bucket`` (upper level, just grown big) may be cascaded early.
 
         From one unit before its expiration it is the level's next bucket,
-        and its tasks fit the level below (whose ring has room for them).
+        and its tasks fit the level below (whose ring has room for them). It
+        is cascaded from at most ``wheel_size**2`` ticks (one level-2 bucket,
+        400 ms at the defaults) before it expires, not a whole unit of a high
+        level (8 s at level 3): time enough to move it in steps, and work
+        done neither long before it is needed nor twice for tasks that keep
+        arriving in it.
         """
         expiration = bucket.expiration
-        tick = expiration - self._levels[bucket.level].unit
+        tick = expiration - min(self._levels[bucket.level].unit, self._early_lead)
         self._pushes += 1
         heapq.heappush(self._early, (tick, self._pushes, bucket, expiration))
         if tick < self._sleep_tick:  # a sleeping driver should start on it sooner
