@@ -382,7 +382,11 @@ def _when_options(fn: F) -> F:
     return fn
 
 
-def _due(app: DelayQ, delay: str | None, at: str | None) -> dict[str, float]:
+def _due(
+    app: DelayQ, delay: str | None, at: str | None, *, now_by_default: bool = False
+) -> dict[str, float]:
+    if now_by_default and delay is None and at is None:
+        return {}  # schedule with neither: due now
     if (delay is None) == (at is None):
         raise _BadInput("give exactly one of --delay or --at")
     if delay is not None:
@@ -433,7 +437,7 @@ def schedule(
     except json.JSONDecodeError as exc:
         raise _BadInput(f"PAYLOAD must be JSON, e.g. '{{\"order\": 42}}': {exc}") from exc
     with _open_app(ctx) as app:
-        due = _due(app, delay, at)
+        due = _due(app, delay, at, now_by_default=True)
         # build + enqueue (not schedule) to learn whether the job was kept or replaced.
         spec = app.build(
             name,
