@@ -60,7 +60,9 @@ _HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",  # a login URL carries ?token=
+    # a login URL carries ?token= (and is redirected away at once); "no-referrer"
+    # would make browsers send "Origin: null" on our own forms
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
