@@ -37,6 +37,9 @@ from delayq.demo import DemoConfig, run_demo
 from delayq.errors import DelayqError, InvalidInput
 from delayq.experiments import EXPERIMENTS
 from delayq.job import EnqueueOutcome, Job, JobState
+from delayq.logs import JsonFormatter
+from delayq.ops import WorkerOps
+from delayq.web.command import web as web_command
 from delayq.worker import Worker
 
 __all__ = ["main"]
@@ -282,10 +285,13 @@ def _load_app(target: str, url: str | None) -> DelayQ:
     return obj
 
 
-def _setup_logging(level: str) -> Callable[[], None]:
+def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
     handler: logging.Handler
-    if sys.stderr.isatty():
+    if log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+    elif sys.stderr.isatty():
         handler = RichHandler(show_path=False, rich_tracebacks=True)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
@@ -317,6 +323,11 @@ def _setup_logging(level: str) -> Callable[[], None]:
     default="info",
     show_default=True,
 )
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -327,6 +338,9 @@ def worker(
     batch: int | None,
     grace: str,
     log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Run the handlers of the DelayQ app TARGET ('package.module:app').
 
@@ -337,14 +351,21 @@ def worker(
     _require_durable(settings.url)
     with _errors():
         app = _load_app(target, settings.url)
+        ops = WorkerOps(
+            app,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            log_format="json" if log_format == "json" else "text",
+        )
         w = Worker(
             app,
             concurrency=concurrency,
             lease=_duration(lease, "--lease"),
             batch=batch,
             grace=_duration(grace, "--grace"),
+            on_result=ops.on_result,
         )
-    restore_logging = _setup_logging(log_level)
+    restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
     if settings.url is not None and app.url != settings.url:
         log.warning(
@@ -360,8 +381,11 @@ def worker(
         w.lease,
     )
     try:
+        with _errors():
+            ops.start()
         w.run()
     finally:
+        ops.close()
         stats = w.stats()
         log.info(
             "worker stopped: %d claimed, %d succeeded, %d retried, %d dead, %d skipped",
@@ -731,3 +755,6 @@ def experiment(name: str) -> None:
         _fail(f"{module_name} has no run(out) function")
     entry: Callable[[TextIO], None] = module.run
     entry(sys.stdout)
+
+
+cli.add_command(web_command)
