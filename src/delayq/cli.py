@@ -33,12 +33,14 @@ from rich.table import Table
 
 from delayq.app import URL_ENV, DelayQ
 from delayq.backoff import parse_duration
+from delayq.bulk import schedule_many_command
 from delayq.demo import DemoConfig, run_demo
 from delayq.errors import DelayqError, InvalidInput
 from delayq.experiments import EXPERIMENTS
 from delayq.job import EnqueueOutcome, Job, JobState
 from delayq.logs import JsonFormatter
 from delayq.ops import WorkerOps
+from delayq.progress import progress
 from delayq.web.command import web as web_command
 from delayq.worker import Worker
 
@@ -656,8 +658,11 @@ def dead_requeue(
 ) -> None:
     """Give dead jobs a fresh set of attempts."""
     seconds = None if delay is None else _duration(delay, "--delay")
-    with _open_app(ctx) as app:
-        done = {job_id: app.requeue(job_id, delay=seconds) for job_id in job_ids}
+    done: dict[str, bool] = {}
+    with _open_app(ctx) as app, progress("requeueing", len(job_ids)) as advance:
+        for job_id in job_ids:
+            done[job_id] = app.requeue(job_id, delay=seconds)
+            advance(1)
     if as_json:
         _echo_json({job_id: ("requeued" if ok else "not_dead") for job_id, ok in done.items()})
     else:
@@ -685,7 +690,7 @@ def dead_purge(
     if not (job_ids or older_than or purge_all):
         raise _BadInput("say which dead jobs to purge: --id ID, --older-than 7d, or --all")
     age = None if older_than is None else _duration(older_than, "--older-than")
-    with _open_app(ctx) as app:
+    with _open_app(ctx) as app, progress("purging"):
         count = app.purge_dead(job_ids=list(job_ids) or None, older_than=age)
     if as_json:
         _echo_json({"purged": count})
@@ -758,3 +763,4 @@ def experiment(name: str) -> None:
 
 
 cli.add_command(web_command)
+cli.add_command(schedule_many_command)
