@@ -627,13 +627,17 @@ class DelayQ:
             except ValueError:
                 known = ", ".join(s.value for s in JobState)
                 raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
+        extra: dict[str, Any] = {}  # only when given: a store may predate these two
+        if name is not None:
+            extra["name"] = _check_name(name)
+        if after is not None:
+            extra["after"] = self._cursor(after)
         return self._backend.list_jobs(
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
             due_before=None if due_before is None else check_datetime(due_before, "due_before"),
             limit=self._check_limit(limit),
-            name=None if name is None else _check_name(name),
-            after=self._cursor(after),
+            **extra,
         )
 
     def stats(self) -> Stats:

@@ -13,8 +13,10 @@ pytest.importorskip("httpx")
 from starlette.testclient import TestClient
 
 from delayq.app import DelayQ
+from delayq.backends.memory import MemoryBackend
+from delayq.job import Job, JobState
 from delayq.metrics import LatenessSeries, Metrics
-from delayq.web import create_app
+from delayq.web import create_app, views
 from delayq.web.security import Guard, is_loopback
 from delayq.worker import JobResult
 
@@ -227,3 +229,44 @@ def test_a_series_from_the_workers_process_draws_the_chart(app: DelayQ) -> None:
 def test_loopback_hosts() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+
+
+class _OldStore(MemoryBackend):
+    """A store whose list_jobs predates the name filter and the cursor."""
+
+    def list_jobs(  # type: ignore[override]
+        self,
+        *,
+        state: JobState | None = None,
+        due_after: float | None = None,
+        due_before: float | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        return super().list_jobs(
+            state=state, due_after=due_after, due_before=due_before, limit=limit
+        )
+
+
+@pytest.mark.parametrize("scan", [3, 2000])
+def test_a_store_without_cursor_support_is_paged_by_bounded_reads(
+    scan: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(views, "SCAN_LIMIT", scan)
+    with DelayQ(backend=_OldStore()) as app:
+        # ties at one due time, and a name filter that skips most jobs
+        app.schedule_many(
+            [
+                {"name": "mail" if i % 3 == 0 else "sms", "at": 2e9 + i // 4, "job_id": f"j{i:02}"}
+                for i in range(20)
+            ]
+        )
+        with TestClient(create_app(app, token=TOKEN)) as client:
+            seen: list[str] = []
+            query: dict[str, object] = {"name": "mail", "limit": 2}
+            for _ in range(50):
+                body = client.get("/api/jobs", params=query).json()
+                seen.extend(j["id"] for j in body["jobs"])
+                if body["next"] is None:
+                    break
+                query.update(body["next"])
+    assert seen == [f"j{i:02}" for i in range(20) if i % 3 == 0]

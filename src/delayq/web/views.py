@@ -7,7 +7,9 @@ as the CLI (``cancelled``, ``running``, ``not_found``, ``requeued``, ...).
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from delayq.app import DelayQ
 from delayq.backoff import parse_duration
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState
+from delayq.logs import JOB_FIELD
 from delayq.metrics import SeriesPoint
 
 __all__ = [
@@ -33,6 +36,20 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
+
+log = logging.getLogger("delayq.web")
+
+
+def _logged(action: str, job_id: str, outcome: str) -> str:
+    """Log an action's outcome (a JSON line with ``--log-format json``); returns it."""
+    log.info(
+        "%s %s: %s",
+        action,
+        job_id,
+        outcome,
+        extra={JOB_FIELD: {"job_id": job_id, "action": action, "outcome": outcome}},
+    )
+    return outcome
 
 
 def iso(epoch: float | None) -> str | None:
@@ -179,12 +196,26 @@ class JobFilters:
         return out
 
 
+SCAN_LIMIT = 2000
+"""For a store whose ``list_jobs`` has no ``name`` / ``after``: the most jobs one
+page reads to filter here (the page then ends early and the cursor continues
+after what was read)."""
+
+
+def _store_pages(app: DelayQ) -> bool:
+    params = inspect.signature(app.backend.list_jobs).parameters
+    return "name" in params and "after" in params
+
+
 def list_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float, str] | None]:
     """One page of jobs and the cursor of the next page (None on the last).
 
     Asks the store for one job more than a page to learn whether a next page
-    exists: a keyset walk on the store's due-order index, never a count.
+    exists: a keyset walk on the store's due-order index, never a count. A
+    store without the name filter and cursor gets bounded reads filtered here.
     """
+    if not _store_pages(app):
+        return _filtered_page(app, filters)
     jobs = app.list_jobs(
         state=filters.state,
         name=filters.name,
@@ -197,6 +228,36 @@ def list_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float,
         return jobs, None
     page = jobs[: filters.limit]
     return page, (page[-1].run_at, page[-1].id)
+
+
+def _filtered_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float, str] | None]:
+    """:func:`list_page` over at most :data:`SCAN_LIMIT` jobs read from the cursor on."""
+    start = filters.due_after
+    if filters.after is not None:
+        start = filters.after[0] if start is None else max(start, filters.after[0])
+    cursor_id = None if filters.after is None else filters.after[1]
+    want = SCAN_LIMIT
+    while True:
+        rows = app.list_jobs(
+            state=filters.state, due_after=start, due_before=filters.due_before, limit=want
+        )
+        # Rows start at the cursor's due time: skip those up to the cursor job
+        # itself (ties come in enqueue order); a cursor job that is gone skips nothing.
+        ids = [j.id for j in rows]
+        unread = rows[ids.index(cursor_id) + 1 :] if cursor_id in ids else rows
+        if unread or len(rows) < want:
+            break
+        want *= 2  # every row read was a tie before the cursor: read further
+    page: list[Job] = []
+    for job in unread:
+        if filters.name is not None and job.name != filters.name:
+            continue
+        if len(page) == filters.limit:
+            return page, (page[-1].run_at, page[-1].id)
+        page.append(job)
+    if len(rows) == want:  # read all it may: continue after what was read
+        return page, (rows[-1].run_at, rows[-1].id)
+    return page, None
 
 
 def overview(
@@ -303,17 +364,17 @@ def _when_args(delay: object, at: object) -> dict[str, float]:
 
 def cancel(app: DelayQ, job_id: str) -> str:
     """``cancelled``, ``cancelled_after_attempt``, ``running``, ``finished`` or ``not_found``."""
-    return app.cancel(job_id).value
+    return _logged("cancel", job_id, app.cancel(job_id).value)
 
 
 def reschedule(app: DelayQ, job_id: str, *, delay: object = None, at: object = None) -> str:
     """``rescheduled`` (or ``_after_attempt``), ``running``, ``finished`` or ``not_found``."""
-    return app.reschedule(job_id, **_when_args(delay, at)).value
+    return _logged("reschedule", job_id, app.reschedule(job_id, **_when_args(delay, at)).value)
 
 
 def requeue(app: DelayQ, job_id: str) -> str:
     """``requeued`` (due now, fresh attempts) or ``not_dead``, as ``delayq dead requeue``."""
-    return "requeued" if app.requeue(job_id) else "not_dead"
+    return _logged("requeue", job_id, "requeued" if app.requeue(job_id) else "not_dead")
 
 
 def purge(
@@ -325,4 +386,6 @@ def purge(
         age = parse_duration(str(older_than).strip())
     if not (job_ids or age is not None or everything):
         raise InvalidOption("say which dead jobs to purge: ids, older_than (e.g. 7d) or all")
-    return app.purge_dead(job_ids=list(job_ids) if job_ids else None, older_than=age)
+    count = app.purge_dead(job_ids=list(job_ids) if job_ids else None, older_than=age)
+    log.info("purged %d dead job(s)", count)
+    return count
