@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -270,3 +272,43 @@ def test_a_store_without_cursor_support_is_paged_by_bounded_reads(
                     break
                 query.update(body["next"])
     assert seen == [f"j{i:02}" for i in range(20) if i % 3 == 0]
+
+
+_WORKER_CHILD = """
+import sys
+from delayq.metrics import Metrics
+from delayq.worker import JobResult
+m = Metrics()
+for i in range(int(sys.argv[1])):
+    m.on_result(JobResult(str(i), "mail", 1, "succeeded", float(sys.argv[2]), 0.01))
+"""
+
+
+@pytest.mark.slow
+def test_a_separate_dashboard_charts_what_the_hosts_workers_wrote_since_it_started(
+    app: DelayQ, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+
+    def worker_process(count: int, lateness: float) -> None:
+        subprocess.run(
+            [sys.executable, "-c", _WORKER_CHILD, str(count), str(lateness)],
+            check=True,
+            timeout=60,
+        )
+
+    worker_process(3, 0.003)  # before the dashboard started: not dated, not charted
+    web = create_app(app, token=TOKEN)
+    dash = web.state.dashboard
+    dash.sample()
+    assert dash.series.points() == []
+    worker_process(2, 50.0)
+    dash.sample()
+    (point,) = dash.series.points()
+    assert point.count == 2 and point.p50 == 60.0
+    with TestClient(web) as client:
+        data = client.get("/api/overview").json()
+    assert str(directory) in data["lateness_source"]
+    assert data["lateness"][0]["count"] >= 2
