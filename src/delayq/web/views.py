@@ -292,9 +292,12 @@ def overview(
             }
             for p in points
         ],
+        # attempts finished per minute over the last 10 minutes (or since the first slot)
         "throughput_per_minute": (
-            sum(p.count for p in recent) / 10.0 if recent else None
-        ),  # attempts finished in the last 10 minutes, per minute
+            sum(p.count for p in recent) * 60.0 / max(slot_seconds, now - recent[0].start)
+            if recent
+            else None
+        ),
         "slot_seconds": slot_seconds,
     }
 
