@@ -226,6 +226,7 @@ def test_a_series_from_the_workers_process_draws_the_chart(app: DelayQ) -> None:
         data = client.get("/api/overview").json()
     assert "<svg" in page and "this process&#39;s worker" in page
     assert data["lateness"][0]["count"] == 3 and data["lateness"][0]["p99"] == 2.5
+    assert data["throughput_per_minute"] == pytest.approx(18.0)  # 3 in one 10 s slot
 
 
 def test_loopback_hosts() -> None:
