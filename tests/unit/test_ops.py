@@ -161,3 +161,21 @@ def test_web_refuses_a_public_address_without_a_token(monkeypatch: pytest.Monkey
     result = CliRunner().invoke(cli, ["web", "--host", "0.0.0.0"])
     assert result.exit_code == 2
     assert "reachable from other machines" in result.output
+
+
+def test_in_multiprocess_mode_a_taken_port_means_a_sibling_serves_the_sum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    with DelayQ("memory://") as app:
+        first = WorkerOps(app, metrics_port=0)
+        first.start()
+        try:
+            second = WorkerOps(app, metrics_port=first.port)
+            with caplog.at_level(logging.INFO, logger="delayq.worker"):
+                second.start()  # no error: this process only writes its samples
+            assert second.port is None
+            assert "another worker of this host serves the sum" in caplog.text
+            second.close()
+        finally:
+            first.close()
