@@ -74,10 +74,17 @@ def _ensure_chromium() -> str:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
-    path = _ensure_chromium()
+def chromium() -> str:
+    """The browser binary, installed once per test session when missing."""
+    return _ensure_chromium()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Browser]:
+    # Module scope, not session: Playwright's sync API keeps an event loop set in
+    # this thread while it runs, which would break later tests calling asyncio.run.
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=path, args=ARGS)
+        b = pw.chromium.launch(executable_path=chromium, args=ARGS)
         try:
             yield b
         finally:
