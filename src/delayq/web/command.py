@@ -21,6 +21,9 @@ TOKEN_ENV = "DELAYQ_WEB_TOKEN"
 
 
 @click.command()
+@click.option(
+    "--url", "store_url", default=None, help="Store URL (else delayq --url / $DELAYQ_URL)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option(
@@ -45,7 +48,14 @@ TOKEN_ENV = "DELAYQ_WEB_TOKEN"
 )
 @click.pass_context
 def web(
-    ctx: click.Context, *, host: str, port: int, token: str | None, log_format: str, log_level: str
+    ctx: click.Context,
+    *,
+    store_url: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    log_format: str,
+    log_level: str,
 ) -> None:
     """Serve the dashboard: pages, JSON API (/api) and /metrics.
 
@@ -57,7 +67,7 @@ def web(
         raise click.UsageError(
             f"--host {host} is reachable from other machines: give --token or ${TOKEN_ENV}"
         )
-    url: str | None = getattr(ctx.obj, "url", None)
+    url: str | None = store_url or getattr(ctx.obj, "url", None)
     try:
         import uvicorn  # noqa: PLC0415
 
