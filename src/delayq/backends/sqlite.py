@@ -70,6 +70,7 @@ from delayq.backends._common import (
     stale_claim,
     undecodable_error,
 )
+from delayq.backends._sqlite_schedules import SQLiteSchedules
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -214,7 +215,7 @@ def _check_busy_timeout(value: object) -> float:
     return float(value)
 
 
-class SQLiteBackend(CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the module docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -236,7 +237,7 @@ class SQLiteBackend(CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(

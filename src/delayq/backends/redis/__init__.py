@@ -91,6 +91,7 @@ from delayq.backends._common import (
     undecodable_error,
 )
 from delayq.backends.base import Completion
+from delayq.backends.redis._schedules import RedisSchedules
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
 from delayq.errors import (
@@ -304,7 +305,7 @@ def _local_wake(namespace: str) -> _LocalWake:
         return wake
 
 
-class RedisBackend:
+class RedisBackend(RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the module docstring).
 
     Options (keyword-only):
@@ -343,7 +344,7 @@ class RedisBackend:
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
