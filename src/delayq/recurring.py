@@ -308,7 +308,8 @@ class Schedule:
             assert self.cron is not None
             zone = ZoneInfo(self.tz)
             # A start with microseconds is its own first step back: occurrences <= hi.
-            top = datetime.fromtimestamp(math.floor(hi), zone) + timedelta(microseconds=500_000)
+            # (fromtimestamp, not "+ timedelta": that would lose the fold of a repeated hour)
+            top = datetime.fromtimestamp(math.floor(hi) + 0.5, zone)
             for when in CronSim(self.cron, top, reverse=True):
                 at = when.timestamp()
                 if at < lo or at <= self.not_before or len(found) >= limit:
