@@ -727,3 +727,6 @@ def experiment(name: str) -> None:
         _fail(f"{module_name} has no run(out) function")
     entry: Callable[[TextIO], None] = module.run
     entry(sys.stdout)
+
+
+cli.add_command(importlib.import_module("delayq.cli_recurring").recurring)
