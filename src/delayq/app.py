@@ -373,6 +373,8 @@ class DelayQ:
     def register(self, name: str, fn: Callable[..., Any], *, replace: bool = False) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         _check_name(name)
+        if name == TICK_HANDLER:
+            raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
             raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
         entry = Handler(

@@ -14,11 +14,18 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from delayq import DelayQ, MissedRuns, Schedule
+from delayq.backends.base import ScheduleStore
 from delayq.backends.memory import MemoryBackend
-from delayq.errors import ConfigurationError, InvalidDelay, InvalidOption, InvalidPayload
+from delayq.errors import (
+    BackendError,
+    ConfigurationError,
+    InvalidDelay,
+    InvalidOption,
+    InvalidPayload,
+)
 from delayq.recurring import TICK_HANDLER, occurrence_id, plan, tick_id
 from delayq.testing import FakeClock
-from tests.recurring_support import drive
+from tests.recurring_support import context, drive
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
@@ -353,3 +360,39 @@ def test_ids_name_the_schedule_and_the_utc_time() -> None:
     assert occurrence_id("report", t) == "report@2026-03-29T01:00:00Z"
     assert occurrence_id("fast", t + 0.25) == "fast@2026-03-29T01:00:00.250Z"
     assert tick_id("report", t) == f"{TICK_HANDLER}:report@2026-03-29T01:00:00Z"
+
+
+def test_the_tick_handler_name_is_reserved(app: DelayQ) -> None:
+    with pytest.raises(ConfigurationError, match="built-in"):
+        app.register(TICK_HANDLER, lambda payload: None)
+    handler = app.get_handler(TICK_HANDLER)
+    assert handler is not None and handler.takes_context and not handler.is_async
+    assert TICK_HANDLER not in app.handlers  # served, not registered
+
+
+def test_a_tick_of_a_removed_schedule_ends_the_chain_quietly(app: DelayQ, clock: FakeClock) -> None:
+    app.recurring("poll", every=60)
+    [tick] = app.list_jobs()
+    app.remove_recurring("poll")
+    clock.advance(tick.run_at - clock.time())
+    [claim] = app.backend.claim(limit=1, lease=30)
+    handler = app.get_handler(TICK_HANDLER)
+    assert handler is not None
+    assert "removed" in handler.call(claim.job.payload, context(claim))
+
+
+def test_a_malformed_tick_payload_fails_loudly(app: DelayQ, clock: FakeClock) -> None:
+    handler = app.get_handler(TICK_HANDLER)
+    assert handler is not None
+    app.schedule(TICK_HANDLER, {"nope": 1}, delay=0, job_id="bad-tick")
+    [claim] = app.backend.claim(limit=1, lease=30)
+    with pytest.raises(InvalidOption, match="recurring tick"):
+        handler.call(claim.job.payload, context(claim))
+
+
+def test_an_unreadable_stored_schedule_is_a_backend_error(app: DelayQ) -> None:
+    store = app.backend
+    assert isinstance(store, ScheduleStore)
+    store.put_schedule("broken", '{"every": "soon"}', version=0)
+    with pytest.raises(BackendError, match="'broken' is unreadable"):
+        app.get_recurring("broken")
