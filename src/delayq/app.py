@@ -293,6 +293,9 @@ class DelayQ:
     are stored with the job, so a worker always uses the policy the job was
     scheduled with.
 
+    ``rng`` draws the jitter of recurring schedules' occurrences (pass a seeded
+    ``random.Random`` to make it exact in tests); see :meth:`recurring`.
+
     Thread-safe: ``_lock`` guards ``_handlers`` (registration); everything else
     is immutable after construction or delegated to the thread-safe backend.
     """
