@@ -53,7 +53,8 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
-from delayq.recurring import TICK_HANDLER, RecurringSchedules, Schedule
+from delayq.recurring import TICK_HANDLER, Schedule
+from delayq.recurring_manager import RecurringSchedules
 
 __all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext"]
 
