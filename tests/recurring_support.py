@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delayq.app import DelayQ, JobContext
-from delayq.job import Claim
+from delayq.job import Claim, JobState, Misfire
 from delayq.recurring import TICK_HANDLER
 from delayq.testing import FakeClock
 
@@ -41,7 +41,8 @@ def context(claim: Claim) -> JobContext:
 
 def drive(app: DelayQ, clock: FakeClock, until: float, *, ticks_twice: bool = False) -> list[Ran]:
     """Run every job due up to ``until`` in due order, advancing ``clock`` to each due
-    time (a worker that is never late); return the occurrence jobs that ran.
+    time (a worker that is never late) and skipping a job by its misfire policy
+    as the worker does; return the occurrence jobs that ran.
 
     ``ticks_twice`` runs every tick's handler twice (a tick retried after a lost
     ack, or two workers racing), which must not add occurrences.
@@ -61,6 +62,9 @@ def drive(app: DelayQ, clock: FakeClock, until: float, *, ticks_twice: bool = Fa
                 assert handler is not None
                 for _ in range(2 if ticks_twice else 1):
                     handler.call(job.payload, context(claim))
+            elif not Misfire.parse(job.misfire).should_run(claim.claimed_at - job.run_at):
+                backend.ack(claim, state=JobState.SKIPPED, outcome="skipped: late")
+                continue
             else:
                 ran.append(Ran(job.id, job.name, job.payload, job.run_at, claim.claimed_at))
             backend.ack(claim)

@@ -14,9 +14,9 @@ ARCHITECTURE.md ("Recurring schedules") tells how the tick chain needs no
 leader process.
 
 The occurrence job is an ordinary job of the schedule's handler (its retries,
-backoff, dead letters, cancel by id); a tick costs one extra small job per
-occurrence, run by whichever worker claims it. Occurrences are enqueued when
-their tick runs, so they start one claim after their due time (milliseconds).
+backoff, dead letters, cancel by id), enqueued by its tick :data:`LEAD` seconds
+ahead, so it starts as promptly as any job due at that time; a tick costs one
+extra small job per occurrence, run by whichever worker claims it.
 
 Time zones
 ----------
@@ -46,6 +46,7 @@ from delayq.errors import BackendError, InvalidOption
 from delayq.job import Misfire
 
 __all__ = [
+    "LEAD",
     "MAX_CATCHUP",
     "MIN_EVERY",
     "TICK_HANDLER",
@@ -64,6 +65,10 @@ TICK_HANDLER = "delayq.recurring"
 
 MIN_EVERY = 1.0
 """The shortest ``every=`` interval, in seconds."""
+
+LEAD = 1.0
+"""Seconds before an occurrence that its tick is due: the occurrence job is then
+enqueued ahead of its time and claimed like any job due at that time."""
 
 MAX_CATCHUP = 1000
 """The most missed occurrences ``misfire="catchup:N"`` may run."""
@@ -293,6 +298,29 @@ class Schedule:
         found.reverse()
         return found
 
+    def misfire_of(self, at: float) -> str:
+        """The job misfire policy of the occurrence at ``at`` (see :class:`Misfire`).
+
+        It applies ``misfire`` to a job enqueued ahead that is claimed late: under
+        ``latest`` it is skipped once the next occurrence is due (that one
+        supersedes it), under ``catchup:N`` once the N-th next one is due, and
+        under ``skip`` when more than :attr:`MissedRuns.SKIP_GRACE` late.
+        """
+        missed = self.missed
+        if missed.policy == "skip":
+            return "skip"
+        later = self.next_after(at)
+        for _ in range(missed.count - 1):
+            if later is None:
+                break
+            later = self.next_after(later)
+        return "run" if later is None else Misfire("grace", later - at).to_spec()
+
+    def runs_at(self, at: float) -> bool:
+        """True when ``at`` is an occurrence this schedule runs (not paused, after
+        ``not_before``)."""
+        return not self.paused and at > self.not_before and self.due_between(at, at, 1) == [at]
+
     def next_run(self, now: float) -> float | None:
         """When the next occurrence after ``now`` is due (None: paused or ended)."""
         return None if self.paused else self.next_after(max(now, self.not_before))
@@ -308,21 +336,27 @@ class Schedule:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one tick does: enqueue ``runs`` (occurrence times) and the tick of ``next_tick``."""
+    """What one tick does: enqueue the occurrences ``runs`` and the tick of
+    ``next_tick`` (due :data:`LEAD` seconds before it)."""
 
     runs: tuple[float, ...]
     next_tick: float | None
 
 
 def plan(schedule: Schedule, tick_at: float, now: float) -> Plan:
-    """The pure decision of the tick due at ``tick_at`` run at ``now``.
+    """The pure decision of the tick of the occurrence ``tick_at``, run at ``now``.
 
-    The tick answers for occurrences in ``[tick_at, now]``: the previous tick
-    planned this one as the first occurrence after its own ``now``, so
-    consecutive ticks never answer for the same occurrence.
+    The tick answers for the occurrences in ``[tick_at, max(tick_at, now)]``:
+    the previous tick planned this one as the first occurrence after that
+    window of its own, so consecutive ticks never answer for the same
+    occurrence. On time (``now < tick_at``) that is ``tick_at`` alone, enqueued
+    ahead of its due time; a late tick (after downtime) applies the ``misfire``
+    policy to what is due. (An occurrence enqueued before the downtime applies
+    the same policy by itself: see :meth:`Schedule.misfire_of`.)
     """
     if schedule.paused:
         return Plan((), None)
     missed = schedule.missed
-    due = schedule.due_between(tick_at, now, missed.window)
-    return Plan(tuple(missed.choose(due, now)), schedule.next_after(max(now, schedule.not_before)))
+    hi = max(tick_at, now)
+    due = schedule.due_between(tick_at, hi, missed.window)
+    return Plan(tuple(missed.choose(due, now)), schedule.next_after(max(hi, schedule.not_before)))

@@ -10,10 +10,11 @@ handler that extends the chain.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 from delayq._validate import check_datetime, check_seconds
 from delayq.backends._schedules import check_schedule_name
 from delayq.backends.base import ScheduleStore
-from delayq.errors import BackendError, ConfigurationError, InvalidOption
-from delayq.job import JobSpec
+from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
+from delayq.job import JobSpec, JobState
 from delayq.recurring import (
+    LEAD,
     MIN_EVERY,
     TICK_HANDLER,
     MissedRuns,
@@ -43,6 +45,10 @@ __all__ = ["RecurringSchedules"]
 _TICK_MAX_ATTEMPTS = 100  # a tick fails only when the store does; keep trying for hours
 _TICK_BACKOFF: dict[str, Any] = {"kind": "exponential", "base": 1.0, "factor": 2.0, "cap": 300.0}
 _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
+# Occurrence jobs are enqueued at most LEAD seconds ahead (on the store's clock);
+# an edit settles those within twice that, for a producer clock a little behind.
+_SETTLE_WINDOW = 2 * LEAD
+_SETTLE_MAX = 100
 
 
 class RecurringSchedules:
@@ -161,6 +167,8 @@ class RecurringSchedules:
             )
             if version is not None:
                 new = replace(new, version=version)
+                if current is not None:
+                    self._settle(current, new, now)
                 self._seed(new, now)
                 return new
         raise BackendError(f"recurring schedule {wanted.name!r} kept changing under this edit")
@@ -236,15 +244,67 @@ class RecurringSchedules:
                 new = replace(new, not_before=now)
             version = store.put_schedule(name, new.to_json(), version=current.version)
             if version is not None:
+                self._settle(current, new, now)
                 self._seed(replace(new, version=version), now)
                 return True
         raise BackendError(f"recurring schedule {name!r} kept changing under this edit")
 
     def remove(self, name: object) -> bool:
         """Delete the schedule: no occurrence after this call starts. False if none."""
-        return self.store.delete_schedule(check_schedule_name(name))
+        name = check_schedule_name(name)
+        store = self.store
+        for _ in range(_CAS_TRIES):
+            record = store.get_schedule(name)
+            if record is None:
+                return False
+            if store.delete_schedule(name, version=record.version):
+                self._settle(Schedule.from_record(record), None, self._app.clock.time())
+                return True
+        raise BackendError(f"recurring schedule {name!r} kept changing under this edit")
 
     # -- the chain ------------------------------------------------------------------------
+    def _settle(
+        self,
+        old: Schedule,
+        new: Schedule | None,
+        now: float,
+        times: Sequence[float] | None = None,
+    ) -> None:
+        """After an edit from ``old`` to ``new`` (None: removed), make the occurrence
+        jobs already enqueued ahead (``times``, or those of either definition due
+        within the next ``_SETTLE_WINDOW`` seconds) follow ``new``: a waiting job
+        is cancelled, then enqueued again by ``new`` if it still runs then (also
+        one an earlier edit cancelled, e.g. a pause now resumed). Jobs that started
+        are left alone.
+
+        Every edit settles after its write, and a tick settles what it enqueued
+        when the record changed under it, so an edit racing a tick never leaves
+        an occurrence of the old definition behind.
+        """
+        if times is None:
+            found: set[float] = set()
+            for schedule in (old, new):
+                if schedule is not None:
+                    found.update(
+                        schedule.due_between(
+                            now - schedule.jitter, now + _SETTLE_WINDOW, _SETTLE_MAX
+                        )
+                    )
+            times = sorted(found)
+        for at in times:
+            job_id = occurrence_id(old.name, at)
+            job = self._app.get(job_id)
+            if job is None:
+                continue  # its tick has not run: it will read the new record
+            if job.state is JobState.SCHEDULED:
+                if not self._app.cancel(job_id).cancelled:
+                    continue  # claimed meanwhile: it runs as it was
+            elif job.state is not JobState.CANCELLED:
+                continue  # running or finished
+            if new is not None and new.runs_at(at):
+                with contextlib.suppress(JobConflict):  # claimed after a concurrent settle
+                    self._app.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
+
     def _seed(self, schedule: Schedule, now: float) -> None:
         at = schedule.next_run(now)
         if at is not None:
@@ -256,7 +316,7 @@ class RecurringSchedules:
             id=tick_id(name, at),
             name=TICK_HANDLER,
             payload=json.dumps({"schedule": name, "at": at}),
-            run_at=at,
+            run_at=at - LEAD,
             max_attempts=_TICK_MAX_ATTEMPTS,
             backoff=_TICK_BACKOFF,
             misfire="run",
@@ -272,9 +332,7 @@ class RecurringSchedules:
             run_at=at + jitter,
             max_attempts=schedule.max_attempts,
             backoff=schedule.backoff,
-            # The tick applied the downtime policy; "skip" also skips an
-            # occurrence that waited too long in the queue afterwards.
-            misfire="skip" if schedule.missed.policy == "skip" else "run",
+            misfire=schedule.misfire_of(at),
             created_at=now,
         )
 
@@ -290,7 +348,8 @@ class RecurringSchedules:
             )
         name = payload["schedule"]
         tick_at = check_seconds(payload.get("at"), "at")
-        record = self.store.get_schedule(name)
+        store = self.store
+        record = store.get_schedule(name)
         if record is None:
             return f"schedule {name!r} was removed: the chain ends"
         schedule = Schedule.from_record(record)
@@ -301,4 +360,11 @@ class RecurringSchedules:
             specs.append(self._tick_spec(name, decision.next_tick, now))
         if specs:
             self._app.enqueue(specs, on_conflict="keep")
-        return f"ran {len(decision.runs)} occurrence(s); next tick {decision.next_tick}"
+        if decision.runs:
+            # An edit that committed after the read above may have settled before
+            # the enqueue: settle what was enqueued against the record now.
+            latest = store.get_schedule(name)
+            if latest is None or latest.version != record.version:
+                fresh = None if latest is None else Schedule.from_record(latest)
+                self._settle(schedule, fresh, now, decision.runs)
+        return f"enqueued {len(decision.runs)} occurrence(s); next occurrence {decision.next_tick}"

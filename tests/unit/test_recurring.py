@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from delayq import DelayQ, MissedRuns, Schedule
-from delayq.backends.base import ScheduleStore
+from delayq.backends.base import ScheduleRecord, ScheduleStore
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import (
     BackendError,
@@ -23,7 +23,8 @@ from delayq.errors import (
     InvalidOption,
     InvalidPayload,
 )
-from delayq.recurring import TICK_HANDLER, occurrence_id, plan, tick_id
+from delayq.job import JobState
+from delayq.recurring import LEAD, TICK_HANDLER, occurrence_id, plan, tick_id
 from delayq.testing import FakeClock
 from tests.recurring_support import context, drive
 
@@ -396,3 +397,81 @@ def test_an_unreadable_stored_schedule_is_a_backend_error(app: DelayQ) -> None:
     store.put_schedule("broken", '{"every": "soon"}', version=0)
     with pytest.raises(BackendError, match="'broken' is unreadable"):
         app.get_recurring("broken")
+
+
+# -- occurrences enqueued ahead ----------------------------------------------------------------
+def _enqueued_ahead(app: DelayQ, clock: FakeClock, **options: object) -> float:
+    """Add ``poll`` (every 60 s) and run its first tick; return the first occurrence."""
+    app.recurring("poll", every=60, **options)  # type: ignore[arg-type]
+    first = clock.time() + 60
+    drive(app, clock, first - LEAD / 2)
+    job = app.get(occurrence_id("poll", first))
+    assert job is not None and job.state is JobState.SCHEDULED and job.run_at == first
+    return first
+
+
+def test_an_occurrence_is_enqueued_ahead_and_claimed_at_its_time(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    first = _enqueued_ahead(app, clock)
+    [ran] = drive(app, clock, first + 1)
+    assert ran.claimed_at == ran.run_at == first
+
+
+def test_a_pause_cancels_the_occurrence_enqueued_ahead_and_resume_restores_it(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    first = _enqueued_ahead(app, clock)
+    app.pause_recurring("poll")
+    job = app.get(occurrence_id("poll", first))
+    assert job is not None and job.state is JobState.CANCELLED
+    app.resume_recurring("poll")  # still before the occurrence: it runs after all
+    assert [r.run_at for r in drive(app, clock, first + 1)] == [first]
+
+
+def test_an_edit_applies_to_the_occurrence_enqueued_ahead(app: DelayQ, clock: FakeClock) -> None:
+    first = _enqueued_ahead(app, clock, payload={"v": 1})
+    app.update_recurring("poll", payload={"v": 2})
+    [ran] = drive(app, clock, first + 1)
+    assert (ran.run_at, ran.payload) == (first, {"v": 2})
+
+
+def test_remove_cancels_the_occurrence_enqueued_ahead(app: DelayQ, clock: FakeClock) -> None:
+    first = _enqueued_ahead(app, clock)
+    app.remove_recurring("poll")
+    assert drive(app, clock, first + 600) == []
+
+
+def test_a_pause_racing_a_tick_leaves_no_occurrence_behind(
+    app: DelayQ, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app.recurring("poll", every=60)
+    store = app.backend
+    assert isinstance(store, ScheduleStore)
+    read = store.get_schedule
+    raced: list[bool] = []
+
+    def read_then_pause(name: str) -> ScheduleRecord | None:
+        record = read(name)
+        if not raced:  # the tick's read: the pause commits (and settles) right after it
+            raced.append(True)
+            app.pause_recurring("poll")
+        return record
+
+    monkeypatch.setattr(store, "get_schedule", read_then_pause)
+    assert drive(app, clock, clock.time() + 600) == []
+    assert raced
+
+
+@pytest.mark.parametrize(
+    ("misfire", "expected"),
+    [("latest", [600.0]), ("skip", []), ("catchup:3", [480.0, 540.0, 600.0])],
+)
+def test_downtime_after_an_occurrence_was_enqueued_ahead_follows_the_policy(
+    app: DelayQ, clock: FakeClock, misfire: str, expected: list[float]
+) -> None:
+    begin = clock.time()
+    first = _enqueued_ahead(app, clock, misfire=misfire)
+    assert first == begin + 60
+    clock.advance(begin + 630 - clock.time())  # no worker from 59.5 s to 630 s
+    assert [r.run_at - begin for r in drive(app, clock, clock.time())] == expected
