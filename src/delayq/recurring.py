@@ -66,9 +66,12 @@ TICK_HANDLER = "delayq.recurring"
 MIN_EVERY = 1.0
 """The shortest ``every=`` interval, in seconds."""
 
-LEAD = 1.0
+LEAD = 0.7
 """Seconds before an occurrence that its tick is due: the occurrence job is then
-enqueued ahead of its time and claimed like any job due at that time."""
+enqueued ahead of its time and claimed like any job due at that time. Not a
+whole second, so the ticks of whole-second schedules never share a due time
+with occurrences (ties are claimed in enqueue order, and a tick would then
+stand in line before an occurrence)."""
 
 MAX_CATCHUP = 1000
 """The most missed occurrences ``misfire="catchup:N"`` may run."""
