@@ -312,12 +312,26 @@ class Schedule:
         missed = self.missed
         if missed.policy == "skip":
             return "skip"
-        later = self.next_after(at)
-        for _ in range(missed.count - 1):
-            if later is None:
-                break
-            later = self.next_after(later)
+        later = self.nth_after(at, missed.count)
         return "run" if later is None else Misfire("grace", later - at).to_spec()
+
+    def nth_after(self, t: float, n: int) -> float | None:
+        """The ``n``-th occurrence after ``t`` (1: :meth:`next_after`), or None.
+        One cron walk (or one multiplication), not ``n`` look-ups."""
+        at = self.next_after(t)  # start/end checked here, then plain steps
+        if at is None or n == 1:
+            return at
+        if self.every is not None:
+            at = (round(at * 1000) + (n - 1) * round(self.every * 1000)) / 1000
+        else:
+            assert self.cron is not None
+            it = CronSim(self.cron, datetime.fromtimestamp(at, ZoneInfo(self.tz)))
+            for _ in range(n - 1):
+                try:
+                    at = next(it).timestamp()
+                except StopIteration:
+                    return None
+        return None if self.end is not None and at > self.end else at
 
     def runs_at(self, at: float) -> bool:
         """True when ``at`` is an occurrence this schedule runs (not paused, after

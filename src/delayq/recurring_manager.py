@@ -167,8 +167,9 @@ class RecurringSchedules:
             )
             if version is not None:
                 new = replace(new, version=version)
-                if current is not None:
-                    self._settle(current, new, now)
+                # (created: a same-named schedule removed a moment ago may have left
+                # a cancelled occurrence that this one runs)
+                self._settle(new if current is None else current, new, now)
                 self._seed(new, now)
                 return new
         raise BackendError(f"recurring schedule {wanted.name!r} kept changing under this edit")

@@ -475,3 +475,29 @@ def test_downtime_after_an_occurrence_was_enqueued_ahead_follows_the_policy(
     assert first == begin + 60
     clock.advance(begin + 630 - clock.time())  # no worker from 59.5 s to 630 s
     assert [r.run_at - begin for r in drive(app, clock, clock.time())] == expected
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule(name="e", handler="e", every=1.5, anchor=100.0, end=130.0),
+        Schedule(name="h", handler="h", cron="0 * * * *", tz="America/New_York"),
+        Schedule(name="d", handler="d", cron="30 2 * * *", tz="Europe/Berlin"),
+    ],
+    ids=["every-with-end", "hourly-new-york", "daily-berlin"],
+)
+def test_the_nth_next_occurrence_is_n_steps_of_next_after(schedule: Schedule) -> None:
+    for t in (90.0, at(NEW_YORK, 2026, 10, 31, 22, 0), at(BERLIN, 2026, 3, 27, 12, 0)):
+        stepped: float | None = t
+        for n in range(1, 30):
+            stepped = None if stepped is None else schedule.next_after(stepped)
+            assert schedule.nth_after(t, n) == stepped, (t, n)
+
+
+def test_a_schedule_added_again_right_after_removal_runs_its_next_occurrence(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    first = _enqueued_ahead(app, clock)
+    app.remove_recurring("poll")
+    app.recurring("poll", every=60, start=first)
+    assert [r.run_at for r in drive(app, clock, first + 1)] == [first]
