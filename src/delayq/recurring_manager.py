@@ -49,6 +49,7 @@ _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
 # an edit settles those within twice that, for a producer clock a little behind.
 _SETTLE_WINDOW = 2 * LEAD
 _SETTLE_MAX = 100
+_MAX_EVERY = 100 * 365.25 * 86400
 
 
 class RecurringSchedules:
@@ -93,7 +94,6 @@ class RecurringSchedules:
         backoff: Any = None,
         misfire: object = "latest",
         now: float,
-        anchor: float | None = None,
     ) -> Schedule:
         """Validate a definition into a :class:`Schedule` (not stored). Every bad
         argument is an :class:`~delayq.errors.InvalidInput` naming it."""
@@ -108,8 +108,11 @@ class RecurringSchedules:
         interval = None
         if every is not None:
             interval = round(self._seconds(every, "every"), 3)
-            if not MIN_EVERY <= interval <= 100 * 365.25 * 86400:
-                raise InvalidOption(f"every must be at least {MIN_EVERY} second, got {every!r}")
+            if not MIN_EVERY <= interval <= _MAX_EVERY:
+                raise InvalidOption(
+                    f"every must be at least {MIN_EVERY} second and at most 100 years, "
+                    f"got {every!r}"
+                )
         expr = None if cron is None else check_cron(cron, zone, now)
         spread = self._seconds(jitter, "jitter")
         if spread < 0:
@@ -124,8 +127,8 @@ class RecurringSchedules:
             backoff=backoff,
         )
         missed = MissedRuns.parse(misfire)
-        if anchor is None:
-            anchor = start_at if start_at is not None else float(math.ceil(now)) + (interval or 0)
+        # every=: from start, else one interval after the next whole second
+        anchor = start_at if start_at is not None else float(math.ceil(now)) + (interval or 0)
         return Schedule(
             name=name,
             handler=spec.name,
