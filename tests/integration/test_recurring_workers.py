@@ -1,4 +1,4 @@
-"""Three worker processes on one SQLite store run a 1-second schedule: every
+"""Three worker processes on one SQLite store (and on Redis) run a 1-second schedule: every
 occurrence exactly once, edits and pauses take effect while they run, and
 removing the schedule stops it."""
 
@@ -20,6 +20,7 @@ import pytest
 from delayq.app import DelayQ
 from delayq.recurring import occurrence_id
 from tests._util import wait_until
+from tests.redis_support import REDIS_URL, redis_client, redis_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +39,11 @@ class Run:
 
 
 class Cluster:
-    """Three worker processes on one SQLite file, and a producer app on it."""
+    """Three worker processes on one store (a SQLite file unless ``url`` is given),
+    and a producer app on it."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    def __init__(self, tmp_path: Path, url: str | None = None) -> None:
+        self.url = url or f"sqlite:///{tmp_path / 'jobs.db'}"
         self.outdir = tmp_path / "ran"
         self.outdir.mkdir()
         self.app = DelayQ(self.url)
@@ -101,6 +103,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.stop()
 
 
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    redis_client().close()  # skips (or fails in CI) without a Redis server
+    with redis_prefix() as prefix:
+        c = Cluster(tmp_path, f"{REDIS_URL}?prefix={prefix}")
+        try:
+            yield c
+        finally:
+            c.stop()
+
+
 def occurrences(runs: list[Run], name: str) -> list[Run]:
     return [r for r in runs if r.job_id.startswith(name + "@")]
 
@@ -108,6 +121,15 @@ def occurrences(runs: list[Run], name: str) -> list[Run]:
 def test_three_workers_run_each_occurrence_of_a_1s_schedule_exactly_once(
     cluster: Cluster,
 ) -> None:
+    exactly_once_then_removed(cluster)
+
+
+@pytest.mark.redis
+def test_three_workers_on_redis_run_each_occurrence_exactly_once(redis_cluster: Cluster) -> None:
+    exactly_once_then_removed(redis_cluster)
+
+
+def exactly_once_then_removed(cluster: Cluster) -> None:
     cluster.app.recurring("beat", handler="record", every=1, payload={"v": 1})
     assert wait_until(lambda: len(occurrences(cluster.runs(), "beat")) >= 6, DEADLINE, 0.05), (
         cluster.runs()
