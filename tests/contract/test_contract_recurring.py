@@ -15,14 +15,15 @@ from delayq.recurring import occurrence_id
 from delayq.testing import FakeClock
 from tests.recurring_support import drive
 
+needs_recurring = pytest.mark.backend_features("recurring")
+
 
 def schedules(backend: Backend) -> ScheduleStore:
-    if "recurring" not in type(backend).features:
-        pytest.skip(f"{type(backend).__name__} does not declare the 'recurring' feature")
     assert isinstance(backend, ScheduleStore)
     return backend
 
 
+@needs_recurring
 def test_a_new_record_starts_at_version_1_and_reads_back(backend: Backend) -> None:
     store = schedules(backend)
     assert store.get_schedule("nightly") is None
@@ -30,6 +31,7 @@ def test_a_new_record_starts_at_version_1_and_reads_back(backend: Backend) -> No
     assert store.get_schedule("nightly") == ScheduleRecord("nightly", '{"cron":"0 3 * * *"}', 1)
 
 
+@needs_recurring
 def test_a_write_at_a_stale_version_changes_nothing(backend: Backend) -> None:
     store = schedules(backend)
     assert store.put_schedule("s", "1", version=0) == 1
@@ -39,6 +41,7 @@ def test_a_write_at_a_stale_version_changes_nothing(backend: Backend) -> None:
     assert store.get_schedule("s") == ScheduleRecord("s", "2", 2)
 
 
+@needs_recurring
 def test_records_list_by_name_and_keep_any_text(backend: Backend) -> None:
     store = schedules(backend)
     for name in ("b", "a:x", "c@1", "ünï"):
@@ -48,6 +51,7 @@ def test_records_list_by_name_and_keep_any_text(backend: Backend) -> None:
     assert all(r.data.endswith('"colon":"a:b"}') and r.version == 1 for r in listed)
 
 
+@needs_recurring
 def test_delete_removes_the_record_once_and_honours_a_version(backend: Backend) -> None:
     store = schedules(backend)
     store.put_schedule("s", "{}", version=0)
@@ -58,6 +62,7 @@ def test_delete_removes_the_record_once_and_honours_a_version(backend: Backend) 
     assert store.put_schedule("s", "{}", version=0) == 1  # a new record starts over
 
 
+@needs_recurring
 @pytest.mark.parametrize(
     ("name", "data", "version"),
     [("", "{}", 0), ("x" * 161, "{}", 0), ("s", b"{}", 0), ("s", "{}", -1), ("s", "{}", True)],
@@ -71,7 +76,7 @@ def test_bad_arguments_are_refused(
     assert store.list_schedules() == []
 
 
-@pytest.mark.backend_features("shared")
+@pytest.mark.backend_features("recurring", "shared")
 def test_an_edit_through_one_handle_is_seen_by_another(
     backend: Backend, open_another: Callable[..., Backend]
 ) -> None:
@@ -84,7 +89,7 @@ def test_an_edit_through_one_handle_is_seen_by_another(
     assert store.list_schedules() == []
 
 
-@pytest.mark.backend_features("durable")
+@pytest.mark.backend_features("recurring", "durable")
 def test_records_survive_reopening_the_store(open_another: Callable[..., Backend]) -> None:
     first = open_another()
     schedules(first).put_schedule("s", "kept", version=0)
@@ -92,6 +97,7 @@ def test_records_survive_reopening_the_store(open_another: Callable[..., Backend
     assert schedules(open_another()).get_schedule("s") == ScheduleRecord("s", "kept", 1)
 
 
+@needs_recurring
 def test_a_chain_makes_one_job_per_occurrence_however_often_ticks_run(
     backend: Backend, clock: FakeClock
 ) -> None:
