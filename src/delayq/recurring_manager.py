@@ -279,7 +279,8 @@ class RecurringSchedules:
         within the next ``_SETTLE_WINDOW`` seconds) follow ``new``: a waiting job
         is cancelled, then enqueued again by ``new`` if it still runs then (also
         one an earlier edit cancelled, e.g. a pause now resumed). Jobs that started
-        are left alone.
+        are left alone, and so are those already due unless ``new`` pauses or
+        removes the schedule.
 
         Every edit settles after its write, and a tick settles what it enqueued
         when the record changed under it, so an edit racing a tick never leaves
@@ -295,7 +296,10 @@ class RecurringSchedules:
                         )
                     )
             times = sorted(found)
+        running = new is not None and not new.paused
         for at in times:
+            if running and at <= now:
+                continue  # due before this edit: it runs as it was enqueued
             job_id = occurrence_id(old.name, at)
             job = self._app.get(job_id)
             if job is None:

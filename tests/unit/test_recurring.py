@@ -442,25 +442,41 @@ def test_remove_cancels_the_occurrence_enqueued_ahead(app: DelayQ, clock: FakeCl
     assert drive(app, clock, first + 600) == []
 
 
-def test_a_pause_racing_a_tick_leaves_no_occurrence_behind(
-    app: DelayQ, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("edit", ["pause", "change"])
+def test_an_edit_racing_a_tick_leaves_nothing_of_the_old_definition(
+    app: DelayQ, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, edit: str
 ) -> None:
-    app.recurring("poll", every=60)
+    app.recurring("poll", every=60, payload={"v": 1})
+    first = clock.time() + 60
     store = app.backend
     assert isinstance(store, ScheduleStore)
     read = store.get_schedule
     raced: list[bool] = []
 
-    def read_then_pause(name: str) -> ScheduleRecord | None:
+    def read_then_edit(name: str) -> ScheduleRecord | None:
         record = read(name)
-        if not raced:  # the tick's read: the pause commits (and settles) right after it
+        if not raced:  # the tick's read: the edit commits (and settles) right after it
             raced.append(True)
-            app.pause_recurring("poll")
+            if edit == "pause":
+                app.pause_recurring("poll")
+            else:
+                app.update_recurring("poll", payload={"v": 2})
         return record
 
-    monkeypatch.setattr(store, "get_schedule", read_then_pause)
-    assert drive(app, clock, clock.time() + 600) == []
+    monkeypatch.setattr(store, "get_schedule", read_then_edit)
+    ran = drive(app, clock, first + 1)
     assert raced
+    assert [r.payload for r in ran] == ([] if edit == "pause" else [{"v": 2}])
+
+
+def test_an_occurrence_already_due_runs_as_enqueued_when_the_timing_changes(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    first = _enqueued_ahead(app, clock)
+    clock.advance(first + 0.5 - clock.time())  # due, not yet claimed
+    app.update_recurring("poll", every=3600)
+    ran = drive(app, clock, first + 2)
+    assert [r.run_at for r in ran] == [first]
 
 
 @pytest.mark.parametrize(
