@@ -31,6 +31,7 @@ from delayq.errors import (
     UnknownHandler,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.recurring import MissedRuns, Schedule
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
@@ -72,6 +73,7 @@ __all__ = [
     "JobResult",
     "JobState",
     "Misfire",
+    "MissedRuns",
     "MissingDependency",
     "PayloadTooLarge",
     "QueueClosed",
@@ -79,6 +81,7 @@ __all__ = [
     "RescheduleOutcome",
     "RetryQueue",
     "SYSTEM_CLOCK",
+    "Schedule",
     "ScheduleBackoff",
     "StaleClaim",
     "SystemClock",

@@ -764,3 +764,4 @@ def experiment(name: str) -> None:
 
 cli.add_command(web_command)
 cli.add_command(schedule_many_command)
+cli.add_command(importlib.import_module("delayq.cli_recurring").recurring)
