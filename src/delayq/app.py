@@ -409,6 +409,7 @@ class DelayQ:
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        connection: object = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -432,6 +433,10 @@ class DelayQ:
         skips only jobs later than that, which is the way to skip what piled up
         while no worker ran without dropping jobs that merely waited in a queue.
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
+
+        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
+        ``Connection`` / ``Session``) writes the job inside that connection's
+        transaction: it exists if and only if the caller's transaction commits.
         """
         policy = check_on_conflict(on_conflict)
         spec = self.build(
@@ -444,7 +449,15 @@ class DelayQ:
             backoff=backoff,
             misfire=misfire,
         )
-        self._backend.enqueue([spec], on_conflict=policy)
+        if connection is None:
+            self._backend.enqueue([spec], on_conflict=policy)
+        elif "transactional_enqueue" in getattr(self._backend, "features", ()):
+            self._backend.enqueue([spec], on_conflict=policy, connection=connection)  # type: ignore[call-arg]
+        else:
+            raise InvalidOption(
+                f"connection= joins a database transaction; {self._backend.url} cannot "
+                f"(only stores with the 'transactional_enqueue' feature, like postgresql://)"
+            )
         return spec.id
 
     def schedule_many(

@@ -96,8 +96,13 @@ def caller_connection(obj: object) -> psycopg.Connection[Any]:
     found: object = obj
     if not isinstance(found, psycopg.Connection) and callable(getattr(found, "get_bind", None)):
         found = found.connection()  # type: ignore[attr-defined]  # a SQLAlchemy Session
-    if not isinstance(found, psycopg.Connection):
-        proxied = getattr(found, "connection", None)  # a SQLAlchemy Connection
+    if not isinstance(found, psycopg.Connection) and hasattr(found, "in_transaction"):
+        # A SQLAlchemy Connection: begin its transaction as its own first
+        # statement would (autobegin), so its commit() / rollback() covers the job.
+        sa_conn: Any = found
+        if not sa_conn.in_transaction():
+            sa_conn.begin()
+        proxied = getattr(found, "connection", None)
         found = getattr(proxied, "dbapi_connection", found)
     if isinstance(found, psycopg.Connection):
         if found.closed:

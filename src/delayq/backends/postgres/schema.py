@@ -128,7 +128,7 @@ def migrate(conn: Any, schema: str) -> tuple[int, int]:
             for statement in MIGRATIONS[version - 1]:
                 conn.execute(statement.format(s=s))
             conn.execute(f"INSERT INTO {s}.versions (version) VALUES (%s)", (version,))
-    return (before or 0), SCHEMA_VERSION
+    return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
 
 
 def check_version(conn: Any, schema: str) -> None:
