@@ -38,6 +38,7 @@ URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "dead_ttl": float,
     "pool_size": int,
     "migrate": _flag,
+    "synchronous_commit": str,
 }
 """Query parameters that are delayq options; every other one goes to libpq."""
 
