@@ -35,6 +35,6 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
 FACTORY = BackendFactory(
     name="postgres",
     open=_open,
-    features=PostgresBackend.features & {"clock", "shared", "durable"},
+    features=PostgresBackend.features,
     marks=(pytest.mark.postgres,),
 )

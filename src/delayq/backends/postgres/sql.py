@@ -60,6 +60,22 @@ def _expired_note(p: str) -> str:
     )
 
 
+# cancel / reschedule take effect on a scheduled job, and on a running one whose
+# lease ran out (it is not running any more) while it has attempts left...
+_TAKES_EFFECT = (
+    f"(t.state = 'scheduled' OR (t.state = 'running' AND t.lease_until <= {NOW} "
+    "AND t.attempts < t.max_attempts))"
+)
+# ...and with none left, it is buried as the next claim would have (then "finished").
+_BURY_EXPIRED = f"""b AS (
+                    UPDATE {{jobs}} j SET state = 'dead', last_error = {_expired_error("t.")},
+                        lease_until = NULL, updated_at = {NOW}
+                    FROM t
+                    WHERE j.queue = %(q)s AND j.id = t.id AND t.state = 'running'
+                      AND t.lease_until <= {NOW} AND t.attempts >= t.max_attempts
+                    RETURNING j.id)"""
+
+
 @dataclass(frozen=True, slots=True)
 class Statements:
     """Every statement of the store for one schema (see the module docstring)."""
@@ -189,6 +205,9 @@ class Statements:
                     attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
                                     ELSE j.attempts END,
                     last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
+                                      -- a release keeps an earlier attempt's error
+                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
+                                      THEN j.last_error
                                       ELSE v.text END,
                     outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
                                    ELSE j.outcome END,
@@ -207,22 +226,21 @@ class Statements:
             # scheduled or running under an expired lease (then it is not running).
             cancel=f"""
                 WITH t AS (
-                    SELECT id, state, attempts, lease_until, updated_at FROM {jobs}
-                    WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
+                    SELECT id, state, attempts, max_attempts, lease_until, updated_at
+                    FROM {jobs} WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
                 u AS (
                     UPDATE {jobs} j SET state = 'cancelled', outcome = 'cancelled',
                         lease_until = NULL, updated_at = {NOW}
                     FROM t
-                    WHERE j.queue = %(q)s AND j.id = t.id
-                      AND (t.state = 'scheduled'
-                           OR (t.state = 'running' AND t.lease_until <= {NOW}))
-                    RETURNING j.id)
+                    WHERE j.queue = %(q)s AND j.id = t.id AND {_TAKES_EFFECT}
+                    RETURNING j.id),
+                {_BURY_EXPIRED.format(jobs=jobs)}
                 SELECT t.state, t.attempts, t.state IN {_TTL} AND t.updated_at <= {CUTOFF},
-                       EXISTS (SELECT 1 FROM u) FROM t""",
+                       EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM b) FROM t""",
             reschedule=f"""
                 WITH t AS (
-                    SELECT id, state, attempts, lease_until, updated_at FROM {jobs}
-                    WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
+                    SELECT id, state, attempts, max_attempts, lease_until, updated_at
+                    FROM {jobs} WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
                 u AS (
                     UPDATE {jobs} j SET state = 'scheduled',
                         run_at = coalesce(%(run_at)s::float8, {NOW} + %(delay)s::float8),
@@ -231,12 +249,11 @@ class Statements:
                                           ELSE j.last_error END,
                         lease_until = NULL, updated_at = {NOW}
                     FROM t
-                    WHERE j.queue = %(q)s AND j.id = t.id
-                      AND (t.state = 'scheduled'
-                           OR (t.state = 'running' AND t.lease_until <= {NOW}))
-                    RETURNING j.run_at)
+                    WHERE j.queue = %(q)s AND j.id = t.id AND {_TAKES_EFFECT}
+                    RETURNING j.run_at),
+                {_BURY_EXPIRED.format(jobs=jobs)}
                 SELECT t.state, t.attempts, t.state IN {_TTL} AND t.updated_at <= {CUTOFF},
-                       (SELECT run_at FROM u) FROM t""",
+                       (SELECT run_at FROM u), EXISTS (SELECT 1 FROM b) FROM t""",
             requeue=f"""
                 UPDATE {jobs} SET state = 'scheduled', attempts = 0,
                     run_at = coalesce(%(run_at)s::float8, {NOW} + %(delay)s::float8),

@@ -35,6 +35,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     stale_claim,
     undecodable_error,
 )
@@ -425,10 +426,13 @@ class PostgresBackend(CompletesInBatches, Inspection):
     def _verdict(row: tuple[Any, ...] | None) -> str | None:
         """None when a cancel/reschedule took effect, else why not (an outcome value).
 
-        ``row`` is (state before, attempts, expired finished record, applied).
+        ``row`` is (state before, attempts, expired finished record, applied,
+        buried: a running job whose last lease ran out).
         """
         if row is None or row[2]:
             return "not_found"
+        if row[4]:
+            return "finished"
         if row[3] is not None and row[3] is not False:  # cancel: True; reschedule: run_at
             return None
         return "running" if row[0] == "running" else "finished"
@@ -536,10 +540,10 @@ class PostgresBackend(CompletesInBatches, Inspection):
                 texts.append(RELEASED_NOTE)
             elif item.state is JobState.SCHEDULED:
                 kinds.append("retry")
-                texts.append(item.error)
+                texts.append(clip_error(item.error))
             elif item.state is JobState.DEAD:
                 kinds.append("dead")
-                texts.append(item.error)
+                texts.append(clip_error(item.error))
             else:
                 kinds.append(_FINISH_KIND[item.state])
                 texts.append(item.outcome)
