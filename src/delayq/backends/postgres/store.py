@@ -14,7 +14,6 @@ import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import psycopg
@@ -24,25 +23,17 @@ from psycopg.rows import tuple_row
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
-    PURGE_BATCH,
-    RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
-    check_lease,
-    check_limit,
     check_max_wait,
     check_result_ttl,
-    check_run_at,
     check_spec,
     check_when,
-    clip_error,
-    stale_claim,
-    undecodable_error,
 )
-from delayq.backends.base import Completion
 from delayq.backends.postgres import schema as _schema
+from delayq.backends.postgres.claims import Claiming
 from delayq.backends.postgres.connection import caller_connection, mapped, mask, split_url
-from delayq.backends.postgres.inspect import Inspection, to_job
+from delayq.backends.postgres.inspect import Inspection
 from delayq.backends.postgres.sql import CUTOFF, Statements
 from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -51,11 +42,9 @@ from delayq.errors import (
     InvalidOption,
     JobConflict,
     QueueClosed,
-    StaleClaim,
 )
 from delayq.job import (
     CancelOutcome,
-    Claim,
     EnqueueOutcome,
     JobSpec,
     JobState,
@@ -71,13 +60,11 @@ DEFAULT_DEAD_TTL = 30 * 24 * 3600.0
 """Dead letters are deleted this long after they were buried (30 days); None keeps them."""
 
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
-_MAX_RECOVER = 1000  # expired leases returned per claim call at most
-_FINISH_KIND = {JobState.SUCCEEDED: "succeeded", JobState.SKIPPED: "skipped"}
 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(CompletesInBatches, Inspection):
+class PostgresBackend(Claiming, CompletesInBatches, Inspection):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -236,6 +223,15 @@ class PostgresBackend(CompletesInBatches, Inspection):
         if now is None and self._fake:
             now = self._clock.time()
         return {"q": self.queue, "now": now, "ttl": self._result_ttl, **more}
+
+    def _purge_due(self) -> bool:
+        """True at most once per ``_PURGE_EVERY`` seconds: time to purge finished records."""
+        mono = self._clock.monotonic()
+        with self._lock:
+            if mono - self._last_purge < _PURGE_EVERY:
+                return False
+            self._last_purge = mono
+            return True
 
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None:
         """After a commit that scheduled a job due at ``at``: wake waiters if it is
@@ -436,168 +432,6 @@ class PostgresBackend(CompletesInBatches, Inspection):
         if row[3] is not None and row[3] is not False:  # cancel: True; reschedule: run_at
             return None
         return "running" if row[0] == "running" else "finished"
-
-    # -- workers ----------------------------------------------------------------
-    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
-        limit = check_limit(limit)
-        lease = check_lease(lease)
-        at = None if now is None else check_run_at(now, "now")
-        with self._conn("claiming") as conn:
-            return self._claim_on(conn, limit, lease, at)
-
-    def _claim_on(
-        self, conn: psycopg.Connection[Any], limit: int, lease: float, now: float | None
-    ) -> list[Claim]:
-        params = self._params(now, limit=limit, lease=lease, max_recover=_MAX_RECOVER)
-        self._maybe_purge(conn, params)
-        cur = conn.cursor(row_factory=tuple_row)
-        cur.execute(self._sql.recover, params)
-        rows = cur.execute(self._sql.claim, params).fetchall()
-        return self._claims(conn, rows)
-
-    def _claims(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> list[Claim]:
-        rows.sort(key=lambda r: (r[3], r[15]))  # (run_at, seq): RETURNING has no order
-        claims: list[Claim] = []
-        for row in rows:
-            try:
-                job = to_job(row, strict=True)
-            except (ValueError, TypeError) as exc:
-                self._bury_unreadable(conn, row, exc)
-                continue
-            assert job.lease_until is not None
-            claims.append(Claim(job, row[14], job.lease_until, job.updated_at))
-        return claims
-
-    def _bury_unreadable(
-        self, conn: psycopg.Connection[Any], row: tuple[Any, ...], exc: BaseException
-    ) -> None:
-        log.error("delayq: burying job %r: %s", row[0], exc)
-        conn.execute(
-            self._sql.complete,
-            self._params(
-                ids=[row[0]],
-                tokens=[row[14]],
-                kinds=["dead"],
-                run_ats=[None],
-                texts=[undecodable_error(exc)],
-            ),
-        )
-
-    def _maybe_purge(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
-        """Delete a bounded batch of expired finished records, at most once a second."""
-        mono = self._clock.monotonic()
-        with self._lock:
-            if mono - self._last_purge < _PURGE_EVERY:
-                return
-            self._last_purge = mono
-        conn.execute(self._sql.purge, {**params, "batch": PURGE_BATCH})
-        if self._dead_ttl is not None:
-            conn.execute(
-                self._sql.purge_dead_letters,
-                {**params, "batch": PURGE_BATCH, "dead_ttl": self._dead_ttl},
-            )
-
-    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
-        """Finish every claim of ``batch`` with one statement (one transaction)."""
-        items = Completion.batch(batch)
-        if not items:
-            return []
-        with self._conn("completing claims") as conn:
-            results, at = self._complete_on(conn, items)
-            self._told(conn, at)
-        return results
-
-    def complete_and_claim(
-        self, batch: Sequence[Completion], *, limit: int, lease: float
-    ) -> tuple[list[StaleClaim | None], list[Claim]]:
-        """``complete(batch)`` then ``claim(limit=limit, lease=lease)`` in one transaction."""
-        items = Completion.batch(batch)
-        if limit != 0:
-            limit = check_limit(limit)
-        lease = check_lease(lease)
-        with self._conn("completing and claiming") as conn:
-            with conn.transaction():
-                results, at = self._complete_on(conn, items) if items else ([], None)
-                claims = self._claim_on(conn, limit, lease, None) if limit else []
-            self._told(conn, at)
-        return results, claims
-
-    def _complete_on(
-        self, conn: psycopg.Connection[Any], items: list[Completion]
-    ) -> tuple[list[StaleClaim | None], float | None]:
-        # A claim given twice is applied once: later copies are reported stale.
-        first: dict[tuple[str, int], int] = {}
-        for i, item in enumerate(items):
-            first.setdefault((item.claim.job.id, item.claim.token), i)
-        chosen = sorted(first.values())
-        kinds: list[str] = []
-        texts: list[str | None] = []
-        run_ats: list[float | None] = []
-        for i in chosen:
-            item = items[i]
-            if item.released:
-                kinds.append("release")
-                texts.append(RELEASED_NOTE)
-            elif item.state is JobState.SCHEDULED:
-                kinds.append("retry")
-                texts.append(clip_error(item.error))
-            elif item.state is JobState.DEAD:
-                kinds.append("dead")
-                texts.append(clip_error(item.error))
-            else:
-                kinds.append(_FINISH_KIND[item.state])
-                texts.append(item.outcome)
-            run_ats.append(item.run_at)
-        cur = conn.cursor(row_factory=tuple_row)
-        done = cur.execute(
-            self._sql.complete,
-            self._params(
-                ids=[items[i].claim.job.id for i in chosen],
-                tokens=[items[i].claim.token for i in chosen],
-                kinds=kinds,
-                run_ats=run_ats,
-                texts=texts,
-            ),
-        ).fetchall()
-        applied = {(r[0], r[1]) for r in done}
-        earliest = min((r[2] for r in done if r[3] in ("retry", "release")), default=None)
-        results: list[StaleClaim | None] = []
-        stale_ids = [
-            item.claim.job.id
-            for i, item in enumerate(items)
-            if first[(item.claim.job.id, item.claim.token)] != i
-            or (item.claim.job.id, item.claim.token) not in applied
-        ]
-        now_state: dict[str, tuple[JobState, int]] = {}
-        if stale_ids:
-            rows = cur.execute(self._sql.stale, {"q": self.queue, "ids": stale_ids}).fetchall()
-            now_state = {r[0]: (JobState(r[1]), r[2]) for r in rows}
-        for i, item in enumerate(items):
-            key = (item.claim.job.id, item.claim.token)
-            if first[key] == i and key in applied:
-                results.append(None)
-                continue
-            state, token = now_state.get(item.claim.job.id, (None, None))
-            results.append(stale_claim(item.claim, state, token))
-        return results, earliest
-
-    def extend(self, claim: Claim, lease: float) -> Claim:
-        lease = check_lease(lease)
-        with self._conn("extending a lease") as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            row = cur.execute(
-                self._sql.extend, self._params(id=claim.job.id, token=claim.token, lease=lease)
-            ).fetchone()
-            if row is None:
-                rows = cur.execute(self._sql.stale, {"q": self.queue, "ids": [claim.job.id]})
-                found = rows.fetchone()
-                raise stale_claim(
-                    claim,
-                    None if found is None else JobState(found[1]),
-                    None if found is None else found[2],
-                )
-        job = replace(claim.job, lease_until=row[0], updated_at=row[1])
-        return replace(claim, job=job, lease_until=row[0])
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
