@@ -491,6 +491,16 @@ def schedule(
 
 
 @cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade a PostgreSQL store's schema (safe to run concurrently)."""
+    with _errors():
+        from delayq.backends.postgres.migrate import migrate_url  # noqa: PLC0415 (optional extra)
+
+        click.echo(migrate_url(ctx.obj.url))
+
+
+@cli.command()
 @click.argument("job_id")
 @_JSON_OPTION
 @click.pass_context

@@ -22,5 +22,6 @@ SKIPPED: dict[str, frozenset[str]] = {
     ),
     "sqlite": frozenset(),
     "redis": frozenset(),
+    "postgres": frozenset(),
 }
 """store name -> names of the contract tests skipped for it (missing features)."""
