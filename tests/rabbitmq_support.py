@@ -19,6 +19,7 @@ import threading
 import uuid
 from urllib.parse import quote, urlsplit
 
+import pika
 import pytest
 
 from tests.conftest import service_missing
@@ -85,8 +86,6 @@ def unique_queue(seed: str | None = None) -> str:
 
 def delete_queues(queue: str) -> None:
     """Delete a test queue's ready and dead queues (the shared levels stay with the vhost)."""
-    import pika
-
     try:
         connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
     except pika.exceptions.AMQPError:

@@ -21,4 +21,6 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(name="memory", open=_open, features=frozenset({"clock"}))
+FACTORY = BackendFactory(
+    name="memory", open=_open, features=frozenset({"clock", "definite_cancel", "inspect"})
+)

@@ -23,5 +23,7 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
 
 
 FACTORY = BackendFactory(
-    name="sqlite", open=_open, features=frozenset({"clock", "shared", "durable"})
+    name="sqlite",
+    open=_open,
+    features=frozenset({"clock", "shared", "durable", "definite_cancel", "inspect"}),
 )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -80,6 +81,12 @@ from delayq.job import (
 )
 
 __all__ = ["RabbitMQBackend"]
+
+_TOKENS = itertools.count(1)
+"""Fencing tokens, unique in the process, so any handle can tell whose claim it is given."""
+
+_OWNERS: weakref.WeakValueDictionary[int, RabbitMQBackend] = weakref.WeakValueDictionary()
+"""token -> the handle holding that claim's delivery (an ack must go back on its channel)."""
 
 _NO_INDEX = (
     "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
@@ -138,7 +145,6 @@ class RabbitMQBackend(CompletesInBatches):
         self._consumer = Consumer(self._settings, self._topology)
         self._lock = threading.Lock()
         self._held: dict[int, _Held] = {}
-        self._tokens = itertools.count(1)
         self._closed = False
         self._publisher.open()  # a wrong URL, password or vhost fails here, not later
 
@@ -219,6 +225,7 @@ class RabbitMQBackend(CompletesInBatches):
             check_run_at(now, "now")
         self._check_open()
         self._consumer.start()
+        self._consumer.resume()
         mono = SYSTEM_CLOCK.monotonic()
         with self._lock:
             expired = [t for t, h in self._held.items() if h.lease_mono <= mono]
@@ -259,9 +266,10 @@ class RabbitMQBackend(CompletesInBatches):
                 dead = replace(message, last_error=undecodable_error(exc))
                 burials.append((delivery, self._buried(dead)))
                 continue
-            token = next(self._tokens)
+            token = next(_TOKENS)
             with self._lock:
                 self._held[token] = _Held(delivery, message, attempts, mono + lease)
+            _OWNERS[token] = self
             claims.append(Claim(job, token, wall + lease, wall))
         if burials:
             self._publisher.publish([o for _, o in burials], "bury or pass on a job")
@@ -280,6 +288,28 @@ class RabbitMQBackend(CompletesInBatches):
         if not items:
             return []
         self._check_open()
+        groups: dict[RabbitMQBackend, list[int]] = {}
+        for index, item in enumerate(items):
+            owner = self._owner(item.claim)
+            groups.setdefault(owner, []).append(index)
+        if len(groups) == 1 and self in groups:
+            return self._complete_own(items)
+        results: list[StaleClaim | None] = [None] * len(items)
+        for owner, indexes in groups.items():
+            answers = owner._complete_own([items[i] for i in indexes])
+            for i, answer in zip(indexes, answers, strict=True):
+                results[i] = answer
+        return results
+
+    def _owner(self, claim: Claim) -> RabbitMQBackend:
+        """The handle of this process holding ``claim`` (self when none does)."""
+        with self._lock:
+            if claim.token in self._held:
+                return self
+        owner = _OWNERS.get(claim.token)
+        return self if owner is None or owner._closed else owner
+
+    def _complete_own(self, items: list[Completion]) -> list[StaleClaim | None]:
         generation = self._consumer.generation
         results: list[StaleClaim | None] = []
         taken: list[tuple[int, _Held]] = []
@@ -321,6 +351,9 @@ class RabbitMQBackend(CompletesInBatches):
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
         self._check_open()
+        owner = self._owner(claim)
+        if owner is not self:
+            return owner.extend(claim, lease)
         generation = self._consumer.generation
         with self._lock:
             held = self._held.get(claim.token)
@@ -342,6 +375,7 @@ class RabbitMQBackend(CompletesInBatches):
         max_wait = check_max_wait(max_wait)
         self._check_open()
         self._consumer.start()
+        self._consumer.resume()
         self._consumer.wait(SYSTEM_CLOCK.monotonic() + max_wait, self._next_lease_end)
 
     def interrupt(self) -> None:

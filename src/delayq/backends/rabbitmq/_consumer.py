@@ -18,6 +18,14 @@ When the connection is lost, every delivery it held goes back to the broker:
 the heap is emptied, the generation counter moves on (so claims taken under
 the old connection are stale), and the thread reconnects with a growing pause.
 An idle consumer only answers heartbeats.
+
+A busy worker must not sit on due jobs another worker could run: when a
+delivery has been due for ``HANDBACK`` seconds without a claim and the queue
+has another consumer, the consumer stops consuming and publishes everything it
+holds back to the ready queue (each copy keeping the local wait it had left),
+acking the originals; its next claim consumes again. Publishing a copy rather
+than returning the message keeps a quorum queue's delivery count, which counts
+attempts, unchanged.
 """
 
 from __future__ import annotations
@@ -28,23 +36,31 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pika
 import pika.exceptions
 
 from delayq.backends.rabbitmq._connection import Settings, connect
-from delayq.backends.rabbitmq._message import JobMessage, decode
-from delayq.backends.rabbitmq._topology import Topology
+from delayq.backends.rabbitmq._message import CONTENT_TYPE, JobMessage, decode, encode
+from delayq.backends.rabbitmq._topology import Topology, ready_key
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import DelayqError
 
-__all__ = ["Consumer", "Delivery"]
+__all__ = ["RETURNS", "Consumer", "Delivery"]
+
+RETURNS = "x-delayq-returns"
+"""Header of a handed-back copy: the returns its original had counted."""
 
 log = logging.getLogger("delayq.rabbitmq")
 
 SETTLE_TIMEOUT = 30.0
 """Seconds a settle waits for the I/O thread (it answers in well under one normally)."""
+
+HANDBACK = 0.5
+"""A delivery due this long that no claim took (its worker is busy) is handed back to the
+queue for another worker, when the queue has another consumer."""
 
 
 @dataclass(slots=True)
@@ -71,7 +87,8 @@ class Consumer:
     """Consumes one ready queue on its own thread (see the module docstring).
 
     Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_generation``,
-    ``_wake_gen``, ``_connection``, ``_channel``, ``_pending`` and ``_closed``.
+    ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused``,
+    ``_pending`` and ``_closed``.
     ``_generation`` and ``_channel`` change only on the I/O thread. No user
     code runs under the lock, and the I/O thread never waits for other threads.
     """
@@ -90,6 +107,9 @@ class Consumer:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop_wait = threading.Event()
+        self._handback_channel: Any = None  # I/O thread only
+        self._consumer_tag = ""
+        self._paused = False  # consuming stopped by a hand-back, until the next claim
         self.connected = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------
@@ -134,10 +154,15 @@ class Consumer:
                 connection = connect(self._settings, name="consumer")
                 channel = connection.channel()
                 channel.basic_qos(prefetch_count=self._settings.prefetch)
-                channel.basic_consume(self._topology.ready_queue, self._on_message)
+                tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
+                handback = connection.channel()
+                handback.confirm_delivery()
+                self._handback_channel = handback
+                connection.call_later(HANDBACK, self._hand_back)
                 with self._cond:
                     self._generation += 1
                     self._connection, self._channel = connection, channel
+                    self._consumer_tag, self._paused = tag, False
                 self.connected.set()
                 pause = 0.1
                 while connection.is_open:
@@ -182,6 +207,8 @@ class Consumer:
         headers = properties.headers or {}
         count = headers.get("x-delivery-count")  # quorum queues count returns
         returns = int(count) if isinstance(count, int) else (1 if method.redelivered else 0)
+        earlier = headers.get(RETURNS)  # returns before a hand-back (it restarts the count)
+        returns += int(earlier) if isinstance(earlier, int) else 0
         try:
             message: JobMessage | None = decode(body)
             error = None
@@ -198,6 +225,63 @@ class Consumer:
             if first:
                 self._wake_gen += 1
                 self._cond.notify_all()
+
+    def _hand_back(self) -> None:
+        """Pause consuming and publish back everything held, when a delivery has been due
+        for HANDBACK seconds without a claim and the queue has another consumer."""
+        with self._cond:
+            channel, connection = self._channel, self._connection
+            if channel is None or self._closed:
+                return
+            now = SYSTEM_CLOCK.monotonic()
+            stale = bool(self._heap) and self._heap[0][0] <= now - HANDBACK and not self._paused
+        if stale:
+            others = channel.queue_declare(self._topology.ready_queue, passive=True)
+            if others.method.consumer_count > 1:
+                channel.basic_cancel(self._consumer_tag)
+                with self._cond:
+                    self._paused = True
+                    held = [entry[2] for entry in sorted(self._heap)]
+                    self._heap.clear()
+                for delivery in held:
+                    self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+        connection.call_later(HANDBACK / 2, self._hand_back)
+
+    def _publish_back(self, channel: Any, delivery: Delivery, local: float) -> None:
+        """A copy to the ready queue (``local`` seconds still to wait), then ack the original."""
+        if delivery.message is None:
+            channel.basic_nack(delivery.tag, requeue=True)  # a claim buries it
+            return
+        headers = {RETURNS: delivery.returns} if delivery.returns else None
+        self._handback_channel.basic_publish(
+            self._topology.ready_exchange,
+            ready_key(self._topology),
+            encode(replace(delivery.message, local=local)),
+            pika.BasicProperties(
+                delivery_mode=2,
+                content_type=CONTENT_TYPE,
+                message_id=delivery.message.id,
+                headers=headers,
+            ),
+            mandatory=True,
+        )
+        channel.basic_ack(delivery.tag)
+
+    def _resume(self) -> None:
+        with self._cond:
+            channel, paused = self._channel, self._paused
+        if channel is not None and paused:
+            tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
+            with self._cond:
+                self._consumer_tag, self._paused = tag, False
+
+    def resume(self) -> None:
+        """Consume again after a hand-back paused it (the worker has room for jobs now)."""
+        with self._cond:
+            connection = self._connection if self._paused else None
+        if connection is not None:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError, RuntimeError):
+                connection.add_callback_threadsafe(self._resume)
 
     def _do_settle(self, settle: _Settle) -> None:
         with self._cond:

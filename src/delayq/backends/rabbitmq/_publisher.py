@@ -28,9 +28,13 @@ import pika.exceptions
 from delayq.backends.rabbitmq._connection import Settings, connect, map_errors
 from delayq.backends.rabbitmq._message import CONTENT_TYPE
 from delayq.backends.rabbitmq._topology import Topology
+from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import QueueClosed
 
 __all__ = ["Outgoing", "Publisher", "send"]
+
+IDLE_CHECK = 5.0
+"""After this many idle seconds the connection is checked (heartbeats read) before use."""
 
 T = TypeVar("T")
 
@@ -77,6 +81,7 @@ class Publisher:
         self._connection: Any = None
         self._channel: Any = None
         self._closed = False
+        self._used = 0.0  # monotonic time of the last use of the connection
 
     def open(self) -> None:
         """Connect and declare the topology now, so a bad URL fails at once."""
@@ -84,11 +89,13 @@ class Publisher:
 
     def _ensure(self) -> Any:
         connection = self._connection
-        if connection is not None and connection.is_open:
+        now = SYSTEM_CLOCK.monotonic()
+        if connection is not None and connection.is_open and now - self._used > IDLE_CHECK:
             try:
                 connection.process_data_events(0)  # heartbeats, or the broker's close
             except pika.exceptions.AMQPError:
                 connection = None
+        self._used = now
         if connection is None or not connection.is_open or not self._channel.is_open:
             self._drop()
             connection = connect(self._settings, name="publisher")

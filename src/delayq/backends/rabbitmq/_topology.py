@@ -42,6 +42,7 @@ __all__ = [
     "Route",
     "Topology",
     "check_queue_name",
+    "ready_key",
     "route",
 ]
 
@@ -88,6 +89,11 @@ class Route:
     broker_ms: int  # the part the level queues hold
     local: float  # seconds the worker waits after delivery (>= 0)
     more: float = 0.0  # seconds left for another pass (delays longer than LEG)
+
+
+def ready_key(topology: Topology) -> str:
+    """The routing key of a message with no broker delay left (straight to the ready queue)."""
+    return "0." * len(LEVELS) + topology.queue
 
 
 def route(topology: Topology, delay: float) -> Route:
