@@ -28,6 +28,7 @@ from delayq.errors import (
     QueueFull,
     StaleClaim,
     UnknownHandler,
+    Unsupported,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
 from delayq.timers.base import Timer, TimerHandle
@@ -84,6 +85,7 @@ __all__ = [
     "TimerHandle",
     "TimingWheel",
     "UnknownHandler",
+    "Unsupported",
     "Worker",
     "WorkerStats",
 ]
