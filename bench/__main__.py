@@ -6,7 +6,7 @@
     python -m bench --quick    # smoke runs
 
 Each module (``inprocess``, ``timers``, ``durable``, ``redis_delayq``,
-``redis_peers``) is imported if it exists and its ``main(argv)`` called with
+``redis_peers``, ``rabbitmq``) is imported if it exists and its ``main(argv)`` called with
 the same arguments; a module that is missing is listed as such, one that fails
 does not stop the others. The exit code is the first non-zero one.
 """
@@ -18,7 +18,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-MODULES = ("inprocess", "timers", "durable", "redis_delayq", "redis_peers")
+MODULES = ("inprocess", "timers", "durable", "redis_delayq", "redis_peers", "rabbitmq")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,12 +42,11 @@ def test_the_levels_hold_a_message_no_longer_than_its_delay_and_the_rest_waits_l
 
 
 def test_a_message_starts_at_its_highest_set_bit_or_goes_straight_to_the_ready_queue() -> None:
-    assert route(TOPO, 0.03).exchange == TOPO.ready_exchange
-    assert route(TOPO, 0.03).routing_key == ready_key(TOPO)
-    assert route(TOPO, 1.0).exchange == TOPO.level_exchange(
-        9
-    )  # 1000 ms = 512 + 256 + 128 + 64 + 40
-    assert route(TOPO, 1.0).broker_ms == 960
+    assert route(TOPO, 1.0).exchange == TOPO.ready_exchange
+    assert route(TOPO, 1.0).routing_key == ready_key(TOPO)
+    three_and_a_half = route(TOPO, 3.5)  # 3500 ms = 2048 + 1024, then 428 ms locally
+    assert three_and_a_half.exchange == TOPO.level_exchange(11)
+    assert three_and_a_half.broker_ms == 3072
 
 
 def test_a_delay_longer_than_one_pass_carries_the_rest_for_another_pass() -> None:
@@ -73,7 +72,7 @@ def test_a_delay_that_is_not_finite_or_beyond_a_thousand_years_is_rejected(delay
 
 def test_url_options_are_read_and_kept_out_of_the_pika_url() -> None:
     s = Settings.parse("amqp://u:secret@h:5673/v%2Fx?queue=a.b&queue_type=classic&heartbeat=10")
-    assert (s.queue, s.queue_type, s.vhost, s.prefetch) == ("a.b", "classic", "v/x", 2000)
+    assert (s.queue, s.queue_type, s.vhost, s.prefetch) == ("a.b", "classic", "v/x", 5000)
     assert "queue=" not in s.pika_url and "heartbeat=10" in s.pika_url
     assert "secret" not in s.url and "u:***@h:5673" in s.url
     assert mask("amqp://h/") == "amqp://h/"

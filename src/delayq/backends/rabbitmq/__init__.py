@@ -3,18 +3,18 @@
 ``amqp://user:pass@host:port/vhost?queue=orders`` selects it; it needs
 ``pip install 'delayq[rabbitmq]'`` (pika). Options (URL query or keyword):
 ``queue`` (default ``default``), ``queue_type`` (``quorum``, the default, or
-``classic``), ``prefetch`` (deliveries a worker holds unacked, 2000 by default).
+``classic``), ``prefetch`` (deliveries a worker holds unacked, 5000 by default).
 
 How a job travels (the parts live in this folder):
 
-* ``_topology.py``: the level queues (one per power of two from 64 ms, shared by
+* ``_topology.py``: the level queues (one per power of two from 1.024 s, shared by
   every queue of the virtual host) that hold a message for the broker part of
   its delay without head-of-line blocking, then the queue's ready queue.
 * ``_publisher.py``: ``schedule`` publishes with confirms and ``mandatory``, so
   it returns only once the broker has the message, and an unroutable one is an
   error, never a silent loss.
 * ``_consumer.py``: a worker's I/O thread holds deliveries unacked until their
-  local deadline (the part of the delay under 64 ms, measured on its monotonic
+  local deadline (the part of the delay under 1.024 s, measured on its monotonic
   clock from the delivery), so a job is never early even when hosts' clocks
   disagree; ``claim`` hands out those due, acks go back through that thread.
 * ``_dead.py``: the dead-letter queue (jobs buried with their error).

@@ -1,7 +1,7 @@
 """The consumer thread: deliveries held unacked until their local deadline, acks sent back.
 
 The broker pushes a message to the ready queue once its level TTLs have
-passed, which is ``local`` seconds (less than 64 ms, see ``_topology.py``)
+passed, which is ``local`` seconds (less than 1.024 s, see ``_topology.py``)
 before it is due. The consumer's I/O thread owns one connection and channel
 (``basic.qos`` prefetch bounds what it holds) and puts each delivery in a heap
 keyed by its local deadline: the delivery instant on this host's monotonic

@@ -1,8 +1,8 @@
 """Names, level arithmetic and declarations of the RabbitMQ store's exchanges and queues.
 
-A delay is split in two: a broker part, a multiple of ``BASE_MS`` carried
-through fixed-TTL *level* queues, and a local part (less than ``BASE_MS``, plus
-nothing else) that the worker waits out on its own monotonic clock.
+A delay is split in two: a broker part, a multiple of ``BASE_MS`` (1.024 s)
+carried through fixed-TTL *level* queues, and a local part (less than
+``BASE_MS``) that the worker waits out on its own monotonic clock.
 
 The broker part in units of ``BASE_MS`` is written in binary, one bit per level
 ``k`` (TTL ``2**k`` ms, from ``2**BASE_LEVEL`` up to ``2**TOP_LEVEL``; a delay
@@ -48,8 +48,14 @@ __all__ = [
 
 QueueType = Literal["quorum", "classic"]
 
-BASE_LEVEL = 6
-"""The lowest level: TTL ``2**6 = 64`` ms. Less than that is waited out locally."""
+BASE_LEVEL = 10
+"""The lowest level: TTL ``2**10 = 1024`` ms. Less than that is waited out by the worker.
+
+Every hop through a level adds the broker's dead-lettering time (a few ms on a
+quorum queue, tens under load) that the worker cannot see without trusting
+wall clocks, so the levels carry only whole seconds: a job due within 1.024 s
+goes straight to the ready queue, and a longer delay takes one hop per set bit
+of its whole 1.024 s units."""
 
 TOP_LEVEL = 31
 """The highest level: TTL ``2**31`` ms (about 25 days; RabbitMQ caps a TTL at ``2**32 - 1``)."""
