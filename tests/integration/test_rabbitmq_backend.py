@@ -22,6 +22,7 @@ from delayq.errors import (
     Unsupported,
 )
 from delayq.job import Claim, JobSpec, JobState
+from tests._util import wait_until
 from tests.rabbitmq_support import AMQP_URL, delete_queues, unique_queue, vhost_url
 
 pytestmark = [pytest.mark.rabbitmq]
@@ -228,3 +229,21 @@ def test_the_broker_returns_a_closed_handles_unacked_deliveries(queue: str) -> N
 
 def test_pika_is_the_driver() -> None:
     assert pika.__version__
+
+
+def test_a_closing_handle_gives_back_what_it_held_unclaimed_without_using_an_attempt(
+    queue: str,
+) -> None:
+    start = SYSTEM_CLOCK.monotonic()
+    one = RabbitMQBackend(vhost_url(), queue=queue)
+    one.enqueue([job("waiting", 0.8)])  # delivered at once, then held for its local wait
+    assert one.claim(limit=1, lease=30) == []
+    assert wait_until(lambda: one._consumer.buffered() == 1, timeout=10)
+    one.close()
+    two = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        [claim] = claim_within(two, 1)
+        assert SYSTEM_CLOCK.monotonic() - start >= 0.8
+        assert claim.job.id == "waiting" and claim.attempt == 1
+    finally:
+        two.close()

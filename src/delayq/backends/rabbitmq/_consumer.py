@@ -124,7 +124,9 @@ class Consumer:
             self._thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread and close its connection: unacked deliveries return to the broker."""
+        """Stop the thread: deliveries no claim took are published back (a failure to do so
+        leaves them to the broker, which returns them when the connection closes), then
+        the connection closes, returning the claimed deliveries not finished."""
         with self._cond:
             self._closed = True
             connection = self._connection
@@ -170,6 +172,8 @@ class Consumer:
                         if self._closed:
                             break
                     connection.process_data_events(time_limit=None)
+                if connection.is_open:
+                    self._give_back(channel)
             except (pika.exceptions.AMQPError, OSError, DelayqError) as exc:
                 with self._cond:
                     closed = self._closed
@@ -266,6 +270,17 @@ class Consumer:
             mandatory=True,
         )
         channel.basic_ack(delivery.tag)
+
+    def _give_back(self, channel: Any) -> None:
+        """On close: stop consuming and publish back what no claim took, each with the
+        local wait it had left, so a worker that stops costs those jobs no attempt."""
+        channel.basic_cancel(self._consumer_tag)
+        now = SYSTEM_CLOCK.monotonic()
+        with self._cond:
+            held = [entry[2] for entry in sorted(self._heap)]
+            self._heap.clear()
+        for delivery in held:
+            self._publish_back(channel, delivery, max(0.0, delivery.due - now))
 
     def _resume(self) -> None:
         with self._cond:
