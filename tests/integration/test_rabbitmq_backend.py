@@ -8,9 +8,11 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from click.testing import CliRunner
 
 from delayq import DelayQ
 from delayq.backends.rabbitmq import RabbitMQBackend
+from delayq.cli import cli
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import (
     BackendError,
@@ -247,3 +249,15 @@ def test_a_closing_handle_gives_back_what_it_held_unclaimed_without_using_an_att
         assert claim.job.id == "waiting" and claim.attempt == 1
     finally:
         two.close()
+
+
+def test_the_command_line_schedules_and_reads_dead_letters(queue: str) -> None:
+    runner = CliRunner()
+    url = vhost_url(queue=queue)
+    scheduled = runner.invoke(cli, ["--url", url, "schedule", "x", "{}", "--delay", "5s"])
+    assert scheduled.exit_code == 0, scheduled.output
+    assert "scheduled" in scheduled.output
+    listed = runner.invoke(cli, ["--url", url, "dead", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    stats = runner.invoke(cli, ["--url", url, "stats"])
+    assert stats.exit_code != 0 and "Unsupported" in stats.output
