@@ -272,7 +272,11 @@ class RabbitMQBackend(CompletesInBatches):
             _OWNERS[token] = self
             claims.append(Claim(job, token, wall + lease, wall))
         if burials:
-            self._publisher.publish([o for _, o in burials], "bury or pass on a job")
+            try:
+                self._publisher.publish([o for _, o in burials], "bury or pass on a job")
+            except BaseException:
+                self._consumer.settle([(d, True) for d, _ in burials])  # back to the queue
+                raise
             self._consumer.settle([(d, False) for d, _ in burials])
         return claims
 
