@@ -28,6 +28,7 @@ MODULES = (
     "operate",
     "recurring",
     "postgres",
+    "rabbitmq",
 )
 
 

@@ -475,7 +475,7 @@ def schedule(
             **due,
         )
         [outcome] = app.enqueue([spec], on_conflict=on_conflict)  # type: ignore[arg-type]
-        job = app.get(spec.id)
+        job = app.get(spec.id) if "inspect" in app._backend.features else None
         now = app.clock.time()
     if as_json:
         _echo_json({**(job_to_dict(job) if job else {"id": spec.id}), "outcome": outcome.value})
