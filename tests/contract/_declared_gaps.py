@@ -37,7 +37,8 @@ SKIPPED: dict[str, frozenset[str]] = {
     ),
     "rabbitmq": frozenset(
         {
-            # a broker: no injected clock, no index of jobs (inspect), no definite cancel; no schedule records
+            # a broker: no injected clock, no index of jobs (inspect), no definite
+            # cancel; no schedule records
             "test_a_chain_makes_one_job_per_occurrence_however_often_ticks_run",
             "test_a_concurrent_reader_sees_a_batch_all_applied_or_not_at_all",
             "test_a_live_lease_is_still_running",
