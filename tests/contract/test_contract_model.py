@@ -41,7 +41,6 @@ from tests.contract._support import spec
 
 IDS = ["a", "b", "c", "d", "e"]
 LEASE_CHOICES = [5.0, 10.0]
-SETTLING_STORES = frozenset({"redis"})  # see BackendMatchesModel.settles
 OnConflict = Literal["reject", "keep", "replace"]
 
 
@@ -81,25 +80,19 @@ class Model:
         self.jobs = staged
         return outcomes
 
-    def expire_leases(self, now: float) -> None:
-        for job in self.jobs.values():
-            self._expire(job, now)
-
-    def settle(self, job_id: str, now: float) -> None:
-        """A job whose lease has expired is not running (cancel and reschedule)."""
-        job = self.jobs.get(job_id)
-        if job is not None:
-            self._expire(job, now)
-
-    @staticmethod
-    def _expire(job: ModelJob, now: float) -> None:
-        lease_until = job.lease_until
-        if job.state is JobState.RUNNING and lease_until is not None and lease_until <= now:
-            if job.attempts >= job.max_attempts:
-                job.state = JobState.DEAD
-            else:
-                job.state, job.run_at = JobState.SCHEDULED, lease_until
-            job.lease_until = None
+    def expire_leases(self, now: float, only: str | None = None) -> None:
+        """End the leases that ran out by ``now`` (of job ``only``, when given: a
+        cancel or reschedule ends the lease of the job it touches)."""
+        for job_id, job in self.jobs.items():
+            lease_until = job.lease_until
+            if only is not None and job_id != only:
+                continue
+            if job.state is JobState.RUNNING and lease_until is not None and lease_until <= now:
+                if job.attempts >= job.max_attempts:
+                    job.state = JobState.DEAD
+                else:
+                    job.state, job.run_at = JobState.SCHEDULED, lease_until
+                job.lease_until = None
 
     def due(self, now: float) -> dict[str, float]:
         return {
@@ -129,9 +122,6 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
             self.backend: Backend = self.stack.enter_context(factory.open(self.clock, store))
             self.model = Model()
             self.claims: list[Claim] = []
-            # Stores whose cancel/reschedule settle an expired lease first and
-            # report an attempt that had started (CancelOutcome.done).
-            self.settles = factory.name in SETTLING_STORES
 
         def teardown(self) -> None:
             self.stack.close()
@@ -164,17 +154,14 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
 
         @rule(job_id=st.sampled_from(IDS))
         def cancel(self, job_id: str) -> None:
-            if self.settles:
-                self.model.settle(job_id, self.now)
+            self.model.expire_leases(self.now, only=job_id)  # an expired lease is not running
             job = self.model.jobs.get(job_id)
             if job is None:
                 expected = CancelOutcome.NOT_FOUND
             elif job.state is JobState.RUNNING:
                 expected = CancelOutcome.RUNNING
             elif job.state is JobState.SCHEDULED:
-                expected = (
-                    CancelOutcome.done(job.attempts) if self.settles else CancelOutcome.CANCELLED
-                )
+                expected = CancelOutcome.done(job.attempts)
                 job.state = JobState.CANCELLED
             else:
                 expected = CancelOutcome.FINISHED
@@ -182,19 +169,14 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
 
         @rule(job_id=st.sampled_from(IDS), offset=st.integers(min_value=-3, max_value=20))
         def reschedule(self, job_id: str, offset: int) -> None:
-            if self.settles:
-                self.model.settle(job_id, self.now)
+            self.model.expire_leases(self.now, only=job_id)
             job = self.model.jobs.get(job_id)
             if job is None:
                 expected = RescheduleOutcome.NOT_FOUND
             elif job.state is JobState.RUNNING:
                 expected = RescheduleOutcome.RUNNING
             elif job.state is JobState.SCHEDULED:
-                expected = (
-                    RescheduleOutcome.done(job.attempts)
-                    if self.settles
-                    else RescheduleOutcome.RESCHEDULED
-                )
+                expected = RescheduleOutcome.done(job.attempts)
                 job.run_at = self.now + offset
             else:
                 expected = RescheduleOutcome.FINISHED

@@ -13,17 +13,11 @@ import pytest
 from delayq.backends.base import Backend
 from delayq.job import CancelOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
-from tests.contract.test_contract_model import SETTLING_STORES
+
+pytestmark = pytest.mark.backend_features("definite_cancel")
 
 LEASE = 5.0
-
-
-@pytest.fixture(autouse=True)
-def _settling(factory: BackendFactory) -> None:
-    if factory.name not in SETTLING_STORES:
-        pytest.skip(f"{factory.name} store still answers 'running' for an expired lease")
 
 
 def test_cancel_of_a_job_whose_lease_expired_takes_effect_and_says_an_attempt_started(

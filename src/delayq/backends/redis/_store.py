@@ -38,6 +38,7 @@ from delayq.backends.redis._keys import (
     KEY_NAMES,
     queue_keys,
 )
+from delayq.backends.redis._schedules import RedisSchedules
 from delayq.backends.redis._server import ServerChecks
 from delayq.backends.redis._waiting import Waiting
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -124,7 +125,7 @@ def _completion_args(items: Sequence[Completion]) -> list[Any]:
     return args
 
 
-class RedisBackend:
+class RedisBackend(RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -167,7 +168,7 @@ class RedisBackend:
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
