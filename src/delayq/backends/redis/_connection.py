@@ -35,6 +35,7 @@ __all__ = [
     "SCRIPT_NAMES",
     "Connection",
     "mapped_error",
+    "open_clients",
     "mapped_errors",
     "mask",
     "split_url",
@@ -252,26 +253,125 @@ class _Held:
         self.drop()
 
 
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    """``host1:port1,host2:port2`` (after any ``user:password@``) as pairs."""
+    pairs: list[tuple[str, int]] = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = port, ""
+        try:
+            pairs.append((host or "127.0.0.1", int(port) if port else default_port))
+        except ValueError as exc:
+            raise ConfigurationError(f"bad host:port {item!r} in a Redis URL") from exc
+    return pairs
+
+
+def open_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, bool]:
+    """The ``(client, blocking client, is_cluster)`` of a Redis URL.
+
+    ``redis://`` / ``rediss://`` / ``unix://``: one server. ``redis+cluster://h:p[,h:p]``
+    (or ``rediss+cluster://``): a Redis Cluster, found from those start-up nodes.
+    ``redis+sentinel://[:password@]h:p[,h:p]/service[/db]`` (or ``rediss+sentinel://``):
+    the master of ``service`` as the sentinels at those addresses name it, followed
+    across failovers (``?sentinel_password=`` for the sentinels themselves).
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme.endswith("+cluster"):
+        from redis.cluster import ClusterNode, RedisCluster  # noqa: PLC0415
+
+        base = scheme.removesuffix("+cluster")
+        nodes = [
+            ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in _hosts(parts.netloc, 6379)
+        ]
+        kwargs: dict[str, Any] = {**dict(parse_qsl(parts.query)), **options}
+        if parts.username:
+            kwargs["username"] = parts.username
+        if parts.password:
+            kwargs["password"] = parts.password
+        if base == "rediss":
+            kwargs["ssl"] = True
+
+        def cluster() -> Any:
+            return RedisCluster(startup_nodes=nodes, **kwargs)
+
+        return cluster(), cluster(), True
+    if scheme.endswith("+sentinel"):
+        from redis.sentinel import Sentinel  # noqa: PLC0415
+
+        query = dict(parse_qsl(parts.query))
+        sentinel_kwargs: dict[str, Any] = {
+            k: options[k] for k in ("socket_timeout", "socket_connect_timeout") if k in options
+        }
+        if "sentinel_password" in query:
+            sentinel_kwargs["password"] = query.pop("sentinel_password")
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ConfigurationError(
+                "a redis+sentinel:// URL names its service: .../<service>[/db]"
+            )
+        master: dict[str, Any] = {"db": int(path[1]) if len(path) > 1 else 0, **query}
+        if parts.username:
+            master["username"] = parts.username
+        if parts.password:
+            master["password"] = parts.password
+        if scheme.startswith("rediss"):
+            master["ssl"] = True
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **options, **master
+        )
+        service = path[0]
+        return (
+            sentinel.master_for(service),  # type: ignore[no-untyped-call]
+            sentinel.master_for(service),  # type: ignore[no-untyped-call]
+            False,
+        )
+    return redis.Redis.from_url(url, **options), redis.Redis.from_url(url, **options), False
+
+
 class Connection:
     """The two clients of one store and its registered scripts.
 
     ``client`` serves every ordinary call; ``blocking`` only blocked waits
     (BLPOP) and the expiry subscriber, so a waiting worker never starves normal
-    calls of connections. Both are thread-safe redis-py clients; nothing here
-    is reassigned after ``__init__``.
+    calls of connections. Both are thread-safe redis-py clients (``RedisCluster``
+    on a cluster); nothing here is reassigned after ``__init__`` but the
+    script table (at start-up). ``anchor`` is a key of the queue: on a cluster,
+    :meth:`node` and :meth:`blocking_node` are the clients of the node serving
+    its slot (for BLPOP, CLIENT UNBLOCK, INFO and CONFIG); otherwise the clients
+    themselves. ``client=`` is a user's own ``redis.Redis`` / ``RedisCluster``
+    (used for both roles).
     """
 
-    def __init__(self, redis_url: str, masked_url: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        masked_url: str,
+        options: dict[str, Any],
+        *,
+        anchor: str,
+        client: Any = None,
+    ) -> None:
         self.url = masked_url
+        self.anchor = anchor
         options = {"retry": Retry(NoBackoff(), 0), **options, "decode_responses": True}
         try:
-            self.client = redis.Redis.from_url(redis_url, **options)
-            self.blocking = redis.Redis.from_url(redis_url, **options)
+            if client is not None:
+                self.client = self.blocking = client
+                self.cluster = hasattr(client, "get_node_from_key")
+            else:
+                self.client, self.blocking, self.cluster = open_clients(redis_url, options)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL or option for {masked_url!r}: {exc}") from exc
-        kwargs = self.client.connection_pool.connection_kwargs
-        self.db = int(kwargs.get("db", 0) or 0)
-        self.address = f"{kwargs.get('host')}:{kwargs.get('port')}/{self.db}"
+        if self.cluster:
+            self.db = 0
+            self.address = f"cluster:{masked_url}"
+        else:
+            kwargs = self.client.connection_pool.connection_kwargs
+            self.db = int(kwargs.get("db", 0) or 0)
+            self.address = f"{kwargs.get('host')}:{kwargs.get('port')}/{self.db}"
         self._texts = FLAGGED_SCRIPTS
         self._scripts: dict[str, Script] = {
             name: self.client.register_script(text) for name, text in self._texts.items()
@@ -279,6 +379,19 @@ class Connection:
         self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
         self._local = threading.local()  # .held: this thread's _Held
         self._all_held: weakref.WeakSet[_Held] = weakref.WeakSet()  # closed by close()
+
+    def node(self) -> Any:
+        """The client for commands about the queue's server (its cluster node)."""
+        if self.cluster:
+            return self.client.get_redis_connection(self.client.get_node_from_key(self.anchor))
+        return self.client
+
+    def blocking_node(self) -> Any:
+        """The blocking-wait client of the queue's server (its cluster node)."""
+        if self.cluster:
+            node = self.blocking.get_node_from_key(self.anchor)
+            return self.blocking.get_redis_connection(node)
+        return self.blocking
 
     def use_unflagged_scripts(self) -> None:
         """Load the scripts without their flags line (a server before Redis 7).
@@ -311,6 +424,8 @@ class Connection:
         connection error is retried once on a new connection when ``retry``
         (the call is safe to repeat), else raised as BackendUnavailable.
         """
+        if self.cluster:  # redis-py routes by slot and follows MOVED / ASK
+            return self._script_via_client(name, keys, args, retry=retry)
         for attempt in (0, 1):
             held = self._held()
             conn = held.conn
@@ -335,6 +450,20 @@ class Connection:
                 held.drop()  # interrupted mid-call: a reply may still be on its way
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _script_via_client(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool
+    ) -> Any:
+        script = self._scripts[name]
+
+        def run() -> Any:
+            try:
+                return script(keys=keys, args=args)  # EVALSHA, reloaded on NOSCRIPT
+            except redis.exceptions.NoScriptError:
+                # Flushed again between the reload and the retry: send the body.
+                return self.client.eval(self._texts[name], len(keys), *keys, *args)
+
+        return self.call(run, retry=retry)
 
     def _held(self) -> _Held:
         """This thread's connection, checked for a server that closed it meanwhile."""
@@ -362,4 +491,5 @@ class Connection:
         for held in list(self._all_held):
             held.drop()
         self.client.close()
-        self.blocking.close()
+        if self.blocking is not self.client:
+            self.blocking.close()

@@ -51,7 +51,7 @@ class ServerChecks:
 
     def at_start(self, *, expiry_events: bool, configure: bool) -> None:
         """Refuse an evicting server, warn without an AOF, set up expiry events if asked."""
-        info = self._conn.call(self._conn.client.info, retry=True)
+        info = self._conn.call(self._conn.node().info, retry=True)
         major = int(str(info.get("redis_version", "7")).split(".")[0] or 7)
         if major < 7:
             self._conn.use_unflagged_scripts()
@@ -77,7 +77,7 @@ class ServerChecks:
                 return
             self._next_check = now + RECHECK_INTERVAL
         try:
-            info = self._conn.call(functools.partial(self._conn.client.info, "memory"))
+            info = self._conn.call(functools.partial(self._conn.node().info, "memory"))
         except BackendError:
             return  # the caller's own calls report an outage
         problem = _policy_problem(str(info.get("maxmemory_policy", "noeviction")), self._conn.url)
@@ -96,14 +96,14 @@ class ServerChecks:
             )
         new = "".join(sorted(set((flags or "") + "Ex")))
         self._conn.call(
-            functools.partial(self._conn.client.config_set, "notify-keyspace-events", new),
+            functools.partial(self._conn.node().config_set, "notify-keyspace-events", new),
             retry=True,
         )
 
     def _config_flags(self) -> str | None:
         try:
             reply = self._conn.call(
-                functools.partial(self._conn.client.config_get, "notify-keyspace-events"),
+                functools.partial(self._conn.node().config_get, "notify-keyspace-events"),
                 retry=True,
             )
         except BackendError:

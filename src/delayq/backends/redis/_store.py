@@ -66,6 +66,16 @@ from delayq.job import (
 __all__ = ["RedisBackend"]
 
 _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds script time)
+SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+"""The URL schemes the Redis store opens."""
 ENQUEUE_CHUNK = 2000
 """Jobs stored per script call; a larger batch is checked, then written, in chunks."""
 DEFAULT_MAX_FINISHED = 10_000
@@ -146,6 +156,13 @@ class RedisBackend(RedisSchedules):
       ``notify-keyspace-events Ex`` itself; otherwise it must already be on.
     * ``socket_timeout`` / ``socket_connect_timeout``: seconds (10 / 5).
     * ``client_options``: more keyword arguments for ``redis.Redis``.
+    * ``client``: your own ``redis.Redis`` or ``redis.cluster.RedisCluster``
+      (created with ``decode_responses=True``) instead of one made from ``url``.
+
+    URLs: ``redis://`` / ``rediss://`` / ``unix://`` for one server,
+    ``redis+cluster://host:port[,host:port]`` for a Redis Cluster, and
+    ``redis+sentinel://[:password@]host:port[,host:port]/service[/db]`` for the
+    master that Sentinel names (followed across failovers).
 
     At startup it refuses (:class:`~delayq.errors.ConfigurationError`) a server
     whose ``maxmemory-policy`` may evict keys that are not volatile
@@ -186,6 +203,7 @@ class RedisBackend(RedisSchedules):
         socket_timeout: float = 10.0,
         socket_connect_timeout: float = 5.0,
         client_options: dict[str, Any] | None = None,
+        client: Any = None,
     ) -> None:
         redis_url, url_options = split_url(url)
         queue = url_options.get("queue", queue)
@@ -222,7 +240,9 @@ class RedisBackend(RedisSchedules):
         # A claim's record serves its one retry, which follows a lost reply
         # within about one socket timeout: keep it for two, and 5 s more.
         self._replay_ms = int((2 * socket_timeout + 5) * 1000)
-        self._conn = Connection(redis_url, self.url, options)
+        self._conn = Connection(
+            redis_url, self.url, options, anchor=self._keys["due"], client=client
+        )
         self._redis = self._conn.client
         self._db = self._conn.db
         self._server = ServerChecks(self._conn)
@@ -245,7 +265,7 @@ class RedisBackend(RedisSchedules):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Open ``redis://[:password@]host:port/db[?queue=...&prefix=...]``."""
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        if urlsplit(url).scheme not in SCHEMES:
             raise ConfigurationError(f"RedisBackend needs a redis:// URL, got {mask(url)!r}")
         return cls(url, **options)
 

@@ -204,14 +204,14 @@ class Waiting:
             if SYSTEM_CLOCK.monotonic() >= deadline:
                 return
             try:
-                self._conn.call(self._conn.client.ping)
+                self._conn.call(self._conn.node().ping)
             except BackendError:
                 continue
             return
 
     def _push_shared(self) -> None:
         """Put the shared wake token back for the next waiter (at most one in the list)."""
-        pipe = self._conn.client.pipeline(transaction=False)
+        pipe = self._conn.node().pipeline(transaction=False)
         pipe.lpush(self._keys["wake"], "1")
         pipe.ltrim(self._keys["wake"], 0, 0)
         try:
@@ -275,15 +275,15 @@ class Waiting:
         """
         if not self.unblock:
             return self._block_bounded(key, timeout)
-        pool = self._conn.blocking.connection_pool
+        pool = self._conn.blocking_node().connection_pool
         with mapped_errors(self._conn.url):
             conn = pool.get_connection()
         healthy = False
         reply: Any = None
         try:
             with mapped_errors(self._conn.url):
-                conn.send_packed_command(  # type: ignore[no-untyped-call]
-                    conn.pack_commands(  # type: ignore[no-untyped-call]
+                conn.send_packed_command(
+                    conn.pack_commands(
                         [("CLIENT", "ID"), ("BLPOP", key, self._keys["wake"], f"{timeout:.3f}")]
                     )
                 )
@@ -300,7 +300,7 @@ class Waiting:
                         self._in_redis[key] = int(client_id)
                 if not conn.can_read(timeout=timeout):
                     try:
-                        self._conn.client.client_unblock(client_id)
+                        self._conn.node().client_unblock(client_id)
                     except redis.exceptions.NoPermissionError:
                         self._no_unblock("CLIENT UNBLOCK is refused")
                         if not conn.can_read(timeout=_TICK):
@@ -311,7 +311,7 @@ class Waiting:
                 healthy = True
         finally:
             if not healthy:
-                conn.disconnect()  # type: ignore[no-untyped-call]
+                conn.disconnect()
             pool.release(conn)
         return _source(key, reply)
 
@@ -324,7 +324,9 @@ class Waiting:
             # Each BLPOP stays well within the socket timeout.
             seconds = round(min(blocking, _BOUNDED_BLPOP), 3)
             reply = self._conn.call(
-                functools.partial(self._conn.blocking.blpop, [key, self._keys["wake"]], seconds)
+                functools.partial(
+                    self._conn.blocking_node().blpop, [key, self._keys["wake"]], seconds
+                )
             )
             if reply is not None:
                 return _source(key, reply)
@@ -348,8 +350,8 @@ class Waiting:
     def check_unblock(self) -> None:
         """At start-up: fall back to bounded waits when CLIENT ID / UNBLOCK are refused."""
         try:
-            client_id = self._conn.call(self._conn.client.client_id)
-            self._conn.call(functools.partial(self._conn.client.client_unblock, client_id))
+            client_id = self._conn.call(self._conn.node().client_id)
+            self._conn.call(functools.partial(self._conn.node().client_unblock, client_id))
         except BackendError as exc:
             if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
                 self._no_unblock(f"CLIENT ID / UNBLOCK are refused ({exc.__cause__})")
@@ -376,7 +378,7 @@ class Waiting:
                 event.set()
         if not blocked:
             return
-        pipe = self._conn.client.pipeline(transaction=False)
+        pipe = self._conn.node().pipeline(transaction=False)
         for key in blocked:
             pipe.lpush(key, "1")
             pipe.pexpire(key, _WAKE_KEY_TTL_MS)
@@ -389,7 +391,7 @@ class Waiting:
             if client_id is None:
                 continue
             try:
-                self._conn.call(functools.partial(self._conn.client.client_unblock, client_id))
+                self._conn.call(functools.partial(self._conn.node().client_unblock, client_id))
             except BackendError as exc:
                 log.warning(
                     "delayq: could not wake a waiter blocked in Redis (%s; then %s); "
@@ -438,9 +440,7 @@ class _ExpirySubscriber:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                pubsub = self._waiting._conn.blocking.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True
-                )
+                pubsub = self._waiting._conn.blocking_node().pubsub(ignore_subscribe_messages=True)
                 with contextlib.closing(pubsub):
                     pubsub.subscribe(self._channel)
                     while not self._stop.is_set():
