@@ -214,7 +214,10 @@ def test_a_store_behind_sentinel_follows_a_failover_to_the_replica(
     try:
         now = server_time(backend._conn.node())
         backend.enqueue([spec("before", now - 1)])
-        master.client().execute_command("WAIT", 1, 5000)  # the replica has it
+        on_master = master.client()
+        assert on_master.exists(backend._keys["job:"] + "before")  # not some other server
+        on_master.execute_command("WAIT", 1, 5000)  # the replica has it
+        on_master.close()
         admin = redis.Redis(port=port, decode_responses=True)
         admin.execute_command("SENTINEL", "FAILOVER", "mymaster")
 

@@ -472,15 +472,20 @@ class Connection:
             pool = self.client.connection_pool
             held = self._local.held = _Held(pool.connection_class(**pool.connection_kwargs))
             self._all_held.add(held)
-            return held
         conn = held.conn
         if conn._sock is not None:
             try:
                 stale = conn.can_read(timeout=0)
             except (redis.ConnectionError, OSError):
                 stale = True
-            if stale:  # closed by the server (idle timeout, restart): reconnect on send
+            if stale:  # closed by the server (idle timeout, restart): reconnect below
                 conn.disconnect()
+        if conn._sock is None:
+            # Connect here, as the pool does, through ``connect()``: a Sentinel
+            # connection asks the sentinels for the master there (sending on an
+            # unconnected socket would go to the default host instead).
+            with mapped_errors(self.url):
+                conn.connect()
         return held
 
     def sha(self, name: str) -> str:
