@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from delayq.backends.redis import RedisBackend
+from delayq.backends.redis import _inspect as inspect_module
 from delayq.backends.redis import _store as store_module
 from delayq.errors import JobConflict
 from delayq.job import JobSpec, JobState
@@ -71,7 +72,7 @@ def test_dead_letters_past_the_cap_are_dropped_oldest_first(
 def test_purge_dead_deletes_every_dead_job_in_bounded_calls(
     open_redis: Callable[..., RedisBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "PURGE_BATCH", 7)
+    monkeypatch.setattr(inspect_module, "PURGE_BATCH", 7)
     backend = open_redis()
     now = now_of(backend)
     backend.enqueue([spec(f"d{i}", now - 1, max_attempts=1) for i in range(30)])

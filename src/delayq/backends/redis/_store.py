@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,7 +14,6 @@ from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
-    RELEASED_NOTE,
     check_ack_state,
     check_lease,
     check_limit,
@@ -30,11 +27,18 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.redis._connection import Connection, mask, split_url
-from delayq.backends.redis._fields import job_of, optional_float, pairs, when_arg
+from delayq.backends.redis._fields import (
+    completion_args,
+    enqueue_args,
+    job_of,
+    optional_float,
+    pairs,
+    when_arg,
+)
+from delayq.backends.redis._inspect import Inspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
     DEFAULT_QUEUE,
-    FINISHED_INDEX,
     KEY_NAMES,
     queue_keys,
 )
@@ -54,12 +58,10 @@ from delayq.job import (
     CancelOutcome,
     Claim,
     EnqueueOutcome,
-    Job,
     JobSpec,
     JobState,
     OnConflict,
     RescheduleOutcome,
-    Stats,
     check_on_conflict,
 )
 
@@ -86,56 +88,7 @@ DEFAULT_MAX_DEAD = 100_000
 log = logging.getLogger("delayq.redis")
 
 
-def _enqueue_args(specs: Sequence[JobSpec], on_conflict: str, *, check_only: bool) -> list[Any]:
-    """The arguments of ``enqueue.lua`` for ``specs`` (see its header)."""
-    # Jobs of one batch usually share name, max_attempts, backoff, misfire and
-    # created_at: send each such "profile" once and 4 fields per job, half the
-    # arguments to pack, send and read.
-    profiles: dict[tuple[Any, ...], int] = {}
-    backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
-    head: list[Any] = [on_conflict, len(specs), 0, "1" if check_only else ""]
-    body: list[Any] = []
-    for spec in specs:
-        backoff = backoffs.get(id(spec.backoff))
-        if backoff is None:
-            backoff = backoffs[id(spec.backoff)] = json.dumps(spec.backoff, separators=(",", ":"))
-        key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
-        profile = profiles.get(key)
-        if profile is None:
-            profile = profiles[key] = len(profiles) + 1
-            head += (
-                spec.name,
-                spec.max_attempts,
-                backoff,
-                spec.misfire,
-                repr(float(spec.created_at)),
-            )
-        # A relative delay is due on the server's clock ("+<seconds>").
-        when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
-        body += (spec.id, spec.payload, when, profile)
-    head[2] = len(profiles)
-    return head + body
-
-
-def _completion_args(items: Sequence[Completion]) -> list[Any]:
-    """The arguments of a batch of completions: n, then 5 per entry (see ``complete.lua``)."""
-    args: list[Any] = [len(items)]
-    for item in items:
-        retrying = item.state is JobState.SCHEDULED
-        text = item.error if retrying or item.state is JobState.DEAD else item.outcome
-        if item.released:
-            text = RELEASED_NOTE
-        args += (
-            item.claim.job.id,
-            item.claim.token,
-            "release" if item.released else item.state.value,
-            repr(item.run_at) if item.run_at is not None else "",
-            text or "",
-        )
-    return args
-
-
-class RedisBackend(RedisSchedules):
+class RedisBackend(Inspection, RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -313,24 +266,6 @@ class RedisBackend(RedisSchedules):
         token = int(reply[2]) if reply[2] else None
         return stale_claim(claim, state, token)
 
-    def _members(self, fn: Callable[[], Any]) -> list[str]:
-        """Run a read returning ZSET members (retried once), as a list of str."""
-        self._check_open()
-        return [str(m) for m in self._call(fn, retry=True)]
-
-    def _fetch(self, ids: Sequence[str]) -> list[Job]:
-        """The jobs with these ids that still exist, in the given order."""
-        jobs: list[Job] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            replies = self._run("get", chunk, retry=True)
-            jobs.extend(
-                job_of(job_id, pairs(flat))
-                for job_id, flat in zip(chunk, replies, strict=True)
-                if flat
-            )
-        return jobs
-
     # -- producers ----------------------------------------------------------------
     def enqueue(
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
@@ -348,7 +283,7 @@ class RedisBackend(RedisSchedules):
         if not specs:
             return []
         if len(specs) <= ENQUEUE_CHUNK:
-            reply = self._run("enqueue", _enqueue_args(specs, on_conflict, check_only=False))
+            reply = self._run("enqueue", enqueue_args(specs, on_conflict, check_only=False))
             self._check_enqueued(reply, on_conflict, stored=0)
             self._wakes.woke(reply[1])
             return [EnqueueOutcome(o) for o in reply[2:]]
@@ -359,11 +294,11 @@ class RedisBackend(RedisSchedules):
                 raise JobConflict(f"job {twice!r} appears more than once in the batch")
         chunks = [specs[i : i + ENQUEUE_CHUNK] for i in range(0, len(specs), ENQUEUE_CHUNK)]
         for chunk in chunks:
-            reply = self._run("enqueue", _enqueue_args(chunk, on_conflict, check_only=True))
+            reply = self._run("enqueue", enqueue_args(chunk, on_conflict, check_only=True))
             self._check_enqueued(reply, on_conflict, stored=0)
         outcomes: list[EnqueueOutcome] = []
         for chunk in chunks:
-            reply = self._run("enqueue", _enqueue_args(chunk, on_conflict, check_only=False))
+            reply = self._run("enqueue", enqueue_args(chunk, on_conflict, check_only=False))
             self._check_enqueued(reply, on_conflict, stored=len(outcomes))
             self._wakes.woke(reply[1])
             outcomes += (EnqueueOutcome(o) for o in reply[2:])
@@ -470,7 +405,7 @@ class RedisBackend(RedisSchedules):
         items = Completion.batch(batch)
         if not items:
             return []
-        reply = self._run("complete", _completion_args(items))
+        reply = self._run("complete", completion_args(items))
         return self._answers(items, reply)
 
     def complete_and_claim(
@@ -491,7 +426,7 @@ class RedisBackend(RedisSchedules):
         self._server.maybe_recheck()
         request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
         head = [limit, repr(lease), _RECOVER_PER_CLAIM, 0, PURGE_BATCH]
-        reply = self._run("complete_and_claim", head + _completion_args(items), keys=[request])
+        reply = self._run("complete_and_claim", head + completion_args(items), keys=[request])
         answers = self._answers(items, reply[0])
         return answers, (self._claims(reply[1], hint=True) if limit else [])
 
@@ -526,113 +461,6 @@ class RedisBackend(RedisSchedules):
 
     def interrupt(self) -> None:
         self._wakes.wake_local()
-
-    # -- inspection and dead letters ------------------------------------------------
-    def get(self, job_id: str) -> Job | None:
-        jobs = self._fetch([job_id])
-        return jobs[0] if jobs else None
-
-    def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        due_after: float | None = None,
-        due_before: float | None = None,
-        limit: int = 100,
-    ) -> list[Job]:
-        """Jobs in ``run_at`` order (FIFO ties); the window is ``due_after <= run_at < due_before``.
-
-        Scheduled jobs are read from the due index (cost grows with ``limit``);
-        the other states are read whole and sorted here, which is fine for an
-        inspection call but grows with the number of running/finished records.
-        """
-        limit = check_limit(limit)
-        state = None if state is None else JobState(state)
-        low = "-inf" if due_after is None else repr(check_run_at(due_after, "due_after") * 1000)
-        high = (
-            "+inf"
-            if due_before is None
-            else "(" + repr(check_run_at(due_before, "due_before") * 1000)
-        )
-        jobs: list[Job] = []
-        if state in (None, JobState.SCHEDULED):
-            members = self._members(
-                lambda: self._redis.zrangebyscore(self._keys["due"], low, high, 0, limit)
-            )
-            jobs += self._fetch([m[16:] for m in members])
-        others = [JobState.RUNNING, *FINISHED_INDEX] if state is None else [state]
-        for other in others:
-            if other is JobState.SCHEDULED:
-                continue
-            index = self._keys["running" if other is JobState.RUNNING else FINISHED_INDEX[other]]
-            ids = self._members(functools.partial(self._redis.zrange, index, 0, -1))
-            jobs += [j for j in self._fetch(ids) if j.state is other]
-        seq = {j.id: i for i, j in enumerate(jobs)}
-        jobs = [
-            j
-            for j in jobs
-            if (due_after is None or j.run_at >= due_after)
-            and (due_before is None or j.run_at < due_before)
-        ]
-        jobs.sort(key=lambda j: (j.run_at, seq[j.id]))
-        return jobs[:limit]
-
-    def next_due(self) -> float | None:
-        return self.stats().next_due
-
-    def stats(self) -> Stats:
-        r = self._run("stats", retry=True)
-        return Stats(
-            scheduled=int(r[0]),
-            due=int(r[1]),
-            running=int(r[2]),
-            succeeded=int(r[3]),
-            dead=int(r[4]),
-            cancelled=int(r[5]),
-            skipped=int(r[6]),
-            next_due=optional_float(r[7]),
-        )
-
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        limit = check_limit(limit)
-        self._check_open()
-        ids = self._members(lambda: self._redis.zrevrange(self._keys["dead"], 0, limit - 1))
-        return [j for j in self._fetch(ids) if j.state is JobState.DEAD]
-
-    def requeue_dead(
-        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
-    ) -> bool:
-        reply = self._run("requeue_dead", [job_id, when_arg(*check_when(run_at, delay))])
-        if not int(reply[0]):
-            return False
-        self._wakes.woke(reply[1])
-        return True
-
-    def purge_dead(
-        self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
-    ) -> int:
-        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``.
-
-        In calls of at most ``PURGE_BATCH`` jobs each, so other clients are never
-        held up for long (it is not one transaction: a job buried meanwhile may
-        or may not be deleted).
-        """
-        if job_ids is not None:
-            job_ids = list(job_ids)
-            if not job_ids:
-                return 0
-        bound = "" if older_than is None else repr(check_run_at(older_than, "older_than"))
-        deleted = 0
-        if job_ids is not None:
-            for start in range(0, len(job_ids), PURGE_BATCH):
-                chunk = job_ids[start : start + PURGE_BATCH]
-                deleted += int(self._run("purge_dead", [bound, PURGE_BATCH, *chunk]))
-            return deleted
-        while True:
-            n = int(self._run("purge_dead", [bound, PURGE_BATCH]))
-            deleted += n
-            if n < PURGE_BATCH:
-                return deleted
 
     # -- lifecycle --------------------------------------------------------------------
     def close(self) -> None:
