@@ -17,7 +17,7 @@ import pytest
 
 from delayq import DelayQ
 from delayq.backends.redis import RedisBackend
-from delayq.errors import BackendError, StaleClaim
+from delayq.errors import BackendError, ConfigurationError, StaleClaim
 from delayq.job import CancelOutcome, JobSpec, JobState
 from tests._util import wait_until
 from tests.redis_support import REDIS_URL, RedisServer, private_redis, redis_prefix
@@ -354,3 +354,42 @@ def test_a_unix_socket_url_works_through_delayq(tmp_path: Path) -> None:
             assert job is not None and job.payload == {"a": 1}
         finally:
             app.close()
+
+
+# -- WAIT / WAITAOF ---------------------------------------------------------------------------
+
+
+def test_wait_replicas_returns_once_a_replica_has_the_jobs_and_says_so_when_none_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "r").mkdir()
+    with private_redis(tmp_path / "m") as master:
+        replica = RedisServer(tmp_path / "r", "--replicaof", "127.0.0.1", str(master.port))
+        replica.start()
+        admin = master.client()
+        follower = replica.client()
+        up = lambda: follower.info("replication").get("master_link_status") == "up"  # noqa: E731
+        assert wait_until(up, timeout=20), "the replica did not sync"
+        follower.close()
+        backend = RedisBackend.from_url(f"{master.url}?wait_replicas=1&wait_timeout=2")
+        try:
+            backend.enqueue([spec("a", 0.0)])
+            assert replica.client().exists(backend._keys["job:"] + "a")  # there already
+            replica.stop()
+            assert wait_until(lambda: admin.info("replication")["connected_slaves"] == 0)
+            with pytest.raises(BackendError, match="0 of 1 replicas"):
+                backend.enqueue([spec("b", 0.0)])
+            assert backend.get("b") is not None  # stored on the master, as it says
+        finally:
+            backend.close()
+            admin.close()
+            replica.stop()
+
+
+def test_wait_aof_needs_a_server_that_has_waitaof(server: RedisServer) -> None:
+    version = server.client().info("server")["redis_version"]
+    if tuple(int(x) for x in version.split(".")[:2]) >= (7, 2):
+        pytest.skip(f"Redis {version} has WAITAOF")
+    with pytest.raises(ConfigurationError, match="WAITAOF"):
+        RedisBackend.from_url(server.url, wait_aof=True)

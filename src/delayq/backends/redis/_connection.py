@@ -8,7 +8,6 @@ every other Redis error a :class:`~delayq.errors.BackendError`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import os
 import re
@@ -95,6 +94,9 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "result_ttl": float,
     "max_finished": int,
     "max_dead": int,
+    "wait_replicas": int,
+    "wait_aof": lambda v: v.lower() in ("1", "true", "yes", "on"),
+    "wait_timeout": float,
     "expiry_events": lambda v: v.lower() in ("1", "true", "yes", "on"),
 }
 
@@ -223,6 +225,12 @@ def mapped_errors(url: str) -> Iterator[None]:
         yield
     except redis.RedisError as exc:
         raise mapped_error(exc, url) from exc
+
+
+def _send(conn: Any, *command: Any) -> Any:
+    """One command and its reply on a connection of our own."""
+    conn.send_packed_command(conn.pack_command(*command), check_health=False)
+    return conn.read_response()
 
 
 class _Held:
@@ -415,7 +423,13 @@ class Connection:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def script(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        retry: bool = False,
+        then: Sequence[Any] = (),
     ) -> Any:
         """Run script ``name`` with EVALSHA on this thread's own connection.
 
@@ -423,6 +437,8 @@ class Connection:
         restart) gets its text with EVAL, which also caches it again. A
         connection error is retried once on a new connection when ``retry``
         (the call is safe to repeat), else raised as BackendUnavailable.
+        ``then``: a command sent next on the same connection (``WAIT``, which
+        counts this connection's writes); the reply is then ``(script's, its)``.
         """
         if self.cluster:  # redis-py routes by slot and follows MOVED / ASK
             return self._script_via_client(name, keys, args, retry=retry)
@@ -430,15 +446,11 @@ class Connection:
             held = self._held()
             conn = held.conn
             try:
-                conn.send_packed_command(
-                    conn.pack_command("EVALSHA", self._shas[name], len(keys), *keys, *args),
-                    check_health=False,
-                )
-                return conn.read_response()
-            except redis.exceptions.NoScriptError:
-                return self.call(
-                    functools.partial(self.client.eval, self._texts[name], len(keys), *keys, *args)
-                )
+                try:
+                    reply = _send(conn, "EVALSHA", self._shas[name], len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    reply = _send(conn, "EVAL", self._texts[name], len(keys), *keys, *args)
+                return (reply, _send(conn, *then)) if then else reply
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 held.drop()
                 if retry and attempt == 0:

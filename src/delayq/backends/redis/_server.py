@@ -49,12 +49,17 @@ class ServerChecks:
         self._lock = threading.Lock()
         self._next_check = SYSTEM_CLOCK.monotonic() + RECHECK_INTERVAL
 
-    def at_start(self, *, expiry_events: bool, configure: bool) -> None:
+    def at_start(self, *, expiry_events: bool, configure: bool, waitaof: bool = False) -> None:
         """Refuse an evicting server, warn without an AOF, set up expiry events if asked."""
         info = self._conn.call(self._conn.node().info, retry=True)
-        major = int(str(info.get("redis_version", "7")).split(".")[0] or 7)
-        if major < 7:
+        version = tuple(int(x) for x in str(info.get("redis_version", "7.0")).split(".")[:2])
+        if version < (7, 0):
             self._conn.use_unflagged_scripts()
+        if waitaof and version < (7, 2):
+            raise ConfigurationError(
+                f"wait_aof=True needs WAITAOF (Redis 7.2 or later); {self._conn.url} runs "
+                f"Redis {info.get('redis_version')}"
+            )
         problem = _policy_problem(str(info.get("maxmemory_policy", "noeviction")), self._conn.url)
         if problem is not None:
             raise ConfigurationError(problem)

@@ -109,6 +109,13 @@ class RedisBackend(Inspection, RedisSchedules):
       ``notify-keyspace-events Ex`` itself; otherwise it must already be on.
     * ``socket_timeout`` / ``socket_connect_timeout``: seconds (10 / 5).
     * ``client_options``: more keyword arguments for ``redis.Redis``.
+    * ``wait_replicas`` / ``wait_aof``: an ``enqueue`` (``schedule``) returns
+      only once that many replicas have its writes (``WAIT``) and, with
+      ``wait_aof``, once the AOF of the master holds them on disk (``WAITAOF``,
+      Redis 7.2 and later), within ``wait_timeout`` seconds; when that does not
+      happen it raises :class:`~delayq.errors.BackendError` saying the jobs were
+      stored on the master but are not yet as durable as asked. Not with Redis
+      Cluster.
     * ``client``: your own ``redis.Redis`` or ``redis.cluster.RedisCluster``
       (created with ``decode_responses=True``) instead of one made from ``url``.
 
@@ -157,6 +164,9 @@ class RedisBackend(Inspection, RedisSchedules):
         socket_connect_timeout: float = 5.0,
         client_options: dict[str, Any] | None = None,
         client: Any = None,
+        wait_replicas: int = 0,
+        wait_aof: bool = False,
+        wait_timeout: float = 1.0,
     ) -> None:
         redis_url, url_options = split_url(url)
         queue = url_options.get("queue", queue)
@@ -164,6 +174,9 @@ class RedisBackend(Inspection, RedisSchedules):
         result_ttl = url_options.get("result_ttl", result_ttl)
         max_finished = url_options.get("max_finished", max_finished)
         max_dead = url_options.get("max_dead", max_dead)
+        wait_replicas = url_options.get("wait_replicas", wait_replicas)
+        wait_aof = url_options.get("wait_aof", wait_aof)
+        wait_timeout = url_options.get("wait_timeout", wait_timeout)
         expiry_events = url_options.get("expiry_events", expiry_events)
         for name, value in (("queue", queue), ("prefix", prefix)):
             if not isinstance(value, str) or not value or any(c in value for c in "{}"):
@@ -175,6 +188,17 @@ class RedisBackend(Inspection, RedisSchedules):
         for option, cap in (("max_finished", max_finished), ("max_dead", max_dead)):
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise InvalidOption(f"{option} must be an int >= 0 (0: no cap), got {cap!r}")
+        self._wait: tuple[Any, ...] = ()
+        for option, count in (("wait_replicas", wait_replicas), ("wait_aof", int(wait_aof))):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidOption(f"{option} must be an int >= 0, got {count!r}")
+        if wait_replicas or wait_aof:
+            ms = int(check_seconds(wait_timeout, "wait_timeout") * 1000)
+            if wait_aof:
+                self._wait = ("WAITAOF", 1, wait_replicas, ms)
+            else:
+                self._wait = ("WAIT", wait_replicas, ms)
+        self._wait_replicas = wait_replicas
         # ARGV[3] of every script (see _lib.lua): how long and how many records stay.
         self._retention = f"{self._result_ttl * 1000!r} {max_finished} {max_dead}"
         self._clock = None if clock is None or clock is SYSTEM_CLOCK else clock
@@ -208,7 +232,13 @@ class RedisBackend(Inspection, RedisSchedules):
             next_wake=lambda: self._run("next_wake", retry=True),
         )
         try:
-            self._server.at_start(expiry_events=self._expiry_events, configure=configure_server)
+            if self._wait and self._conn.cluster:
+                raise ConfigurationError("wait_replicas / wait_aof do not work with Redis Cluster")
+            self._server.at_start(
+                expiry_events=self._expiry_events,
+                configure=configure_server,
+                waitaof=bool(wait_aof),
+            )
             if self._clock is None:
                 self._wakes.check_unblock()
         except BaseException:
@@ -248,9 +278,11 @@ class RedisBackend(Inspection, RedisSchedules):
         now: float | None = None,
         retry: bool = False,
         keys: Sequence[str] = (),
+        then: Sequence[Any] = (),
     ) -> Any:
         """Run script ``name`` with the queue's fixed keys plus ``keys``, the four
-        common arguments (see ``_lib.lua``) plus ``args``."""
+        common arguments (see ``_lib.lua``) plus ``args`` (``then``: see
+        ``Connection.script``)."""
         self._check_open()
         full = [
             self._keys["job:"],
@@ -259,7 +291,24 @@ class RedisBackend(Inspection, RedisSchedules):
             self._keys["shadow:"] if self._expiry_events else "",
             *args,
         ]
-        return self._conn.script(name, [*self._key_list, *keys], full, retry=retry)
+        return self._conn.script(name, [*self._key_list, *keys], full, retry=retry, then=then)
+
+    def _write(self, name: str, args: Sequence[Any]) -> Any:
+        """``_run`` for a producer's write, then the ``WAIT`` / ``WAITAOF`` asked for."""
+        if not self._wait:
+            return self._run(name, args)
+        reply, acked = self._run(name, args, then=self._wait)
+        if reply[0] == "conflict":
+            return reply  # nothing was written
+        local, replicas = (1, acked) if self._wait[0] == "WAIT" else (acked[0], acked[1])
+        if local < 1 or replicas < self._wait_replicas:
+            raise BackendError(
+                f"the jobs were stored on the Redis master at {self.url}, but within the "
+                f"wait_timeout only {replicas} of {self._wait_replicas} replicas"
+                + (f" and {local} of 1 local AOF" if self._wait[0] == "WAITAOF" else "")
+                + " acknowledged them: they may be lost if the master fails now"
+            )
+        return reply
 
     def _stale(self, claim: Claim, reply: Sequence[Any]) -> StaleClaim:
         state = JobState(reply[1]) if reply[1] else None
@@ -283,7 +332,7 @@ class RedisBackend(Inspection, RedisSchedules):
         if not specs:
             return []
         if len(specs) <= ENQUEUE_CHUNK:
-            reply = self._run("enqueue", enqueue_args(specs, on_conflict, check_only=False))
+            reply = self._write("enqueue", enqueue_args(specs, on_conflict, check_only=False))
             self._check_enqueued(reply, on_conflict, stored=0)
             self._wakes.woke(reply[1])
             return [EnqueueOutcome(o) for o in reply[2:]]
@@ -298,7 +347,7 @@ class RedisBackend(Inspection, RedisSchedules):
             self._check_enqueued(reply, on_conflict, stored=0)
         outcomes: list[EnqueueOutcome] = []
         for chunk in chunks:
-            reply = self._run("enqueue", enqueue_args(chunk, on_conflict, check_only=False))
+            reply = self._write("enqueue", enqueue_args(chunk, on_conflict, check_only=False))
             self._check_enqueued(reply, on_conflict, stored=len(outcomes))
             self._wakes.woke(reply[1])
             outcomes += (EnqueueOutcome(o) for o in reply[2:])
