@@ -24,6 +24,7 @@ MODULES = (
     "drain",
     "redis_delayq",
     "redis_costs",
+    "redis_scale",
     "redis_peers",
     "load",
     "operate",
