@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,3 +83,18 @@ def test_complete_and_claim_with_limit_zero_claims_nothing(backend: RedisBackend
     assert [c.job.id for c in claims] == ["b"]
     with pytest.raises(InvalidOption):
         backend.complete_and_claim([], limit=-1, lease=30.0)
+
+
+def test_threads_that_come_and_go_reuse_the_connections_of_ended_threads(
+    backend: RedisBackend,
+) -> None:
+    def one_call(i: int) -> None:
+        backend.enqueue([JobSpec(id=f"t{i}", name="t", payload="{}", run_at=0.0)])
+
+    for i in range(20):
+        t = threading.Thread(target=one_call, args=(i,))
+        t.start()
+        t.join()
+    # Each thread took the connection the one before it left: one in all.
+    assert len(backend._conn._spare) == 1
+    assert backend.stats().scheduled == 20

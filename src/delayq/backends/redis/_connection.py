@@ -7,6 +7,7 @@ every other Redis error a :class:`~delayq.errors.BackendError`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -233,23 +234,30 @@ def _send(conn: Any, *command: Any) -> Any:
     return conn.read_response()
 
 
+_SPARE_MAX = 16  # connections of ended threads kept for new threads
+
+
 class _Held:
     """A connection of its own for one thread, outside the client's pool.
 
     Script calls (every state change) go through it: no pool lock, no
-    connection hand-over per call. Its socket is closed when the thread ends
-    (its ``threading.local`` is cleared) or the store closes, and it is never
-    used in a forked child (the child opens its own). Nothing here takes a
-    lock, so running from a finalizer at any moment is safe.
+    connection hand-over per call. When its thread ends (its ``threading.local``
+    is cleared) the connection goes to ``spare`` for the next new thread (a
+    thread-per-request server does not reconnect per request), or is closed
+    when ``spare`` is full; the store's close closes them all. It is never used
+    in a forked child (the child opens its own). Nothing here takes a lock
+    (``deque`` appends are atomic), so running from a finalizer is safe.
     """
 
-    __slots__ = ("__weakref__", "conn", "pid")
+    __slots__ = ("__weakref__", "conn", "pid", "spare")
     conn: Any  # a redis-py Connection (its typed interface lacks what is used here)
     pid: int
+    spare: collections.deque[Any]
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, spare: collections.deque[Any]) -> None:
         self.conn = conn
         self.pid = os.getpid()
+        self.spare = spare
 
     def drop(self) -> None:
         """Close the socket (its state is unknown); the next call reconnects."""
@@ -258,7 +266,12 @@ class _Held:
                 self.conn.disconnect()
 
     def __del__(self) -> None:
-        self.drop()
+        if self.pid != os.getpid():
+            return
+        if len(self.spare) < _SPARE_MAX:
+            self.spare.append(self.conn)
+        else:
+            self.drop()
 
 
 def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
@@ -387,6 +400,7 @@ class Connection:
         self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
         self._local = threading.local()  # .held: this thread's _Held
         self._all_held: weakref.WeakSet[_Held] = weakref.WeakSet()  # closed by close()
+        self._spare: collections.deque[Any] = collections.deque()  # see _Held
 
     def node(self) -> Any:
         """The client for commands about the queue's server (its cluster node)."""
@@ -481,8 +495,12 @@ class Connection:
         """This thread's connection, checked for a server that closed it meanwhile."""
         held: _Held | None = getattr(self._local, "held", None)
         if held is None or held.pid != os.getpid():
-            pool = self.client.connection_pool
-            held = self._local.held = _Held(pool.connection_class(**pool.connection_kwargs))
+            try:
+                conn = self._spare.pop()
+            except IndexError:
+                pool = self.client.connection_pool
+                conn = pool.connection_class(**pool.connection_kwargs)
+            held = self._local.held = _Held(conn, self._spare)
             self._all_held.add(held)
         conn = held.conn
         if conn._sock is not None:
@@ -507,6 +525,9 @@ class Connection:
     def close(self) -> None:
         for held in list(self._all_held):
             held.drop()
+        while self._spare:
+            with contextlib.suppress(Exception):
+                self._spare.pop().disconnect()
         self.client.close()
         if self.blocking is not self.client:
             self.blocking.close()

@@ -18,9 +18,11 @@
 --         at most that many (0: no cap); past a cap the oldest records go
 -- ARGV[4] shadow key prefix for the expiry trigger, or "" when it is off
 --
--- Job hashes are built from ARGV[1] rather than passed in KEYS because claim
--- cannot know them in advance; they carry the queue's hash tag, so on Redis
--- Cluster they live in the same slot as KEYS.
+-- Job hashes (and shadow keys) are built from ARGV[1] (ARGV[4]) rather than
+-- passed in KEYS because claim cannot know them in advance. They carry the
+-- queue's hash tag, so on Redis Cluster they live in the slot of KEYS, the
+-- slot the script runs on; Redis 7 lets a script touch an undeclared key of
+-- that slot (it refuses one of another slot, which these never are).
 
 local K_DUE, K_RUNNING, K_DEAD = KEYS[1], KEYS[2], KEYS[3]
 local K_SEQ, K_TOKEN, K_WAKE = KEYS[4], KEYS[5], KEYS[6]
