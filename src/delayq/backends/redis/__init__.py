@@ -71,7 +71,8 @@ truth and a lost event costs latency, never a job.
 
 Modules: ``_keys`` (the layout above), ``_connection`` (URL parsing, clients,
 scripts, driver errors mapped in one place), ``_fields`` (script arguments and
-replies), ``_waiting`` (blocked waits and wake-ups), ``_server`` (eviction and
+replies), ``_waiting`` (blocked waits and wake-ups), ``_expiry`` (the optional
+key-expiry trigger), ``_server`` (eviction and
 persistence checks), ``_store`` (the contract methods), ``_inspect`` (reads and
 dead letters), ``_schedules`` (recurring schedule records).
 """

@@ -8,7 +8,6 @@ clock it waits on that clock instead, woken only by handles in this process.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 import redis
 
 from delayq.backends.redis._connection import Connection, mapped_errors
+from delayq.backends.redis._expiry import ExpirySubscriber
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import BackendError, BackendUnavailable
 
@@ -113,7 +113,7 @@ class Waiting:
         self._hint = threading.local()
         self.closed = False
         self.unblock = True  # CLIENT ID / UNBLOCK allowed (else bounded waits; set once)
-        self._subscriber: _ExpirySubscriber | None = None
+        self._subscriber: ExpirySubscriber | None = None
         self._local = _local_wake(f"{conn.address}/{keys['due']}")
 
     def set_hint(self, ms: float | None, at_ms: float | None) -> None:
@@ -403,7 +403,7 @@ class Waiting:
     def _ensure_subscriber(self) -> None:
         with self._lock:
             if self._subscriber is None and not self.closed:
-                self._subscriber = _ExpirySubscriber(self)
+                self._subscriber = ExpirySubscriber(self)
 
     def close(self) -> None:
         """Wake every waiter and stop the subscriber. Idempotent."""
@@ -419,38 +419,3 @@ class Waiting:
         self._local.notify()
         if subscriber is not None:
             subscriber.stop()
-
-
-class _ExpirySubscriber:
-    """A daemon thread that turns key-expiry events of shadow keys into local wake-ups.
-
-    Only a hint (see the package docstring): events may come late or never.
-    """
-
-    def __init__(self, waiting: Waiting) -> None:
-        self._waiting = waiting
-        self._stop = threading.Event()
-        self._channel = f"__keyevent@{waiting._conn.db}__:expired"
-        self._shadow = waiting._keys["shadow:"]
-        self._thread = threading.Thread(
-            target=self._run, name=f"delayq-expiry-{waiting.queue}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pubsub = self._waiting._conn.blocking_node().pubsub(ignore_subscribe_messages=True)
-                with contextlib.closing(pubsub):
-                    pubsub.subscribe(self._channel)
-                    while not self._stop.is_set():
-                        message = pubsub.get_message(timeout=1.0)
-                        if message and str(message.get("data", "")).startswith(self._shadow):
-                            self._waiting.wake_local()
-            except redis.RedisError:
-                # Missed events only cost latency: the ZSET decides.
-                self._stop.wait(1.0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
