@@ -38,6 +38,7 @@ from delayq.backends.sqlite._schema import (
     NOT_EXPIRED,
     PURGE_EVERY,
     SELECT,
+    WAKE_CHECK_EVERY,
     Synchronous,
     check_busy_timeout,
     check_synchronous,
@@ -113,8 +114,9 @@ class SQLiteBackend(CompletesInBatches):
       or requeued).
 
     Lock rules: ``_db_lock`` (reentrant) guards ``_conn``, ``_turns``, ``_pid``,
-    ``_last_purge`` and ``_closed``; no user code runs under it, and the only
-    waiting under it is for the write turn (bounded by ``busy_timeout``).
+    ``_last_purge``, ``_wake_failures_seen``, ``_wake_distrusted`` and
+    ``_closed``; no user code runs under it, and the only waiting under it is
+    for the write turn (bounded by ``busy_timeout``).
     ``_cond`` (its own lock) guards ``_wake_gen`` and is notified when the
     schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (its
     own lock, never taken with ``_db_lock`` held) guards ``_pending`` and
@@ -156,11 +158,13 @@ class SQLiteBackend(CompletesInBatches):
         self._last_purge = float("-inf")
         self._pid = os.getpid()
         self._wake: WakeChannel | None = None
+        self._wake_failures_seen: int | None = None
+        self._wake_distrusted = False
         self._turns: WriteTurns | None = None
         self._conn = self._connect()
         if not self._memory:
             self._turns = open_turns(self.path)
-            self._wake = WakeChannel(self.path, self._woken)
+            self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
@@ -241,7 +245,7 @@ class SQLiteBackend(CompletesInBatches):
                 self._turns.forget()
                 self._turns = open_turns(self.path)
             if self._wake is not None:
-                self._wake = WakeChannel(self.path, self._woken)
+                self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
         return self._conn
 
     def _write(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
@@ -511,6 +515,8 @@ class SQLiteBackend(CompletesInBatches):
                     times = [
                         t for t in (ops.head(conn), ops.next_lease_expiry(conn)) if t is not None
                     ]
+                    if wake is not None and listening:
+                        listening = self._wake_trusted(ops.wake_failures(conn))
                     version = None if listening else conn.execute("PRAGMA data_version").fetchone()
             except QueueClosed:
                 return
@@ -529,11 +535,41 @@ class SQLiteBackend(CompletesInBatches):
                     if until <= 0:
                         return
                     left = min(left, until)
-                if not listening:
-                    left = min(left, FALLBACK_POLL)
+                # Listening, a look at the table every WAKE_CHECK_EVERY still bounds
+                # what a lost wake-up could cost; without wake-ups, every 50 ms.
+                left = min(left, WAKE_CHECK_EVERY if listening else FALLBACK_POLL)
                 clock.wait(self._cond, left)
                 if self._closed or self._wake_gen != gen:
                     return
+
+    def _wake_trusted(self, failures: int) -> bool:
+        """False once any process recorded an undelivered wake-up (``failures``
+        grew since this backend first looked): its waits are bounded from then on.
+        Call with ``_db_lock`` held."""
+        if self._wake_distrusted:
+            return False
+        if self._wake_failures_seen is None or failures <= self._wake_failures_seen:
+            self._wake_failures_seen = failures
+            return True
+        self._wake_distrusted = True
+        log.warning(
+            "delayq sqlite %s: a process could not deliver a wake-up to a waiting process "
+            "(sockets of another user?); waiting here re-checks the database every %s s",
+            self.path,
+            FALLBACK_POLL,
+        )
+        return False
+
+    def _wake_undelivered(self) -> None:
+        """Tell every waiter (through the database) that a wake-up was lost."""
+        with self._write("recording an undelivered wake-up") as conn:
+            conn.execute("UPDATE delayq_meta SET value = value + 1 WHERE key = 'wake_failures'")
+
+    @property
+    def wake_failures(self) -> int:
+        """Wake-ups this process could not deliver to other processes' sockets."""
+        wake = self._wake
+        return 0 if wake is None else wake.failures
 
     def interrupt(self) -> None:
         self._woken()

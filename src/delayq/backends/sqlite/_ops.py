@@ -55,6 +55,7 @@ __all__ = [
     "next_lease_expiry",
     "purge_dead_batch",
     "purge_finished",
+    "wake_failures",
 ]
 
 
@@ -67,6 +68,12 @@ def head(conn: sqlite3.Connection) -> float | None:
 def next_lease_expiry(conn: sqlite3.Connection) -> float | None:
     row = conn.execute(NEXT_LEASE).fetchone()
     return None if row is None else float(row[0])
+
+
+def wake_failures(conn: sqlite3.Connection) -> int:
+    """How many wake-ups processes recorded as undelivered (see ``_wake``)."""
+    row = conn.execute("SELECT value FROM delayq_meta WHERE key = 'wake_failures'").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def is_expired(state: str, updated_at: float, cutoff: float) -> bool:

@@ -23,6 +23,10 @@ FALLBACK_POLL = 0.05
 """Where wake sockets are unavailable, ``wait_for_due`` re-checks
 ``PRAGMA data_version`` this often (seconds)."""
 
+WAKE_CHECK_EVERY = 1.0
+"""While wake-ups are expected, ``wait_for_due`` still re-reads the schedule this
+often (seconds): the most a wake-up lost for an unknown reason can cost."""
+
 PURGE_EVERY = 1.0  # seconds of backend time between lazy purges of finished records
 CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
 
@@ -58,6 +62,8 @@ CREATE TABLE IF NOT EXISTS delayq_meta (
     value INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('token', 0);
+-- wake-ups some process could not deliver: waiters seeing it grow poll instead
+INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('wake_failures', 0);
 """
 
 COLUMNS = (
