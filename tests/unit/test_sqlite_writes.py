@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from delayq.backends import memory as memory_module
 from delayq.backends._common import MAX_ERROR_CHARS
 from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
 from delayq.backends.sqlite import SQLiteBackend
+from delayq.backends.sqlite import _backend as backend_module
 from delayq.backends.sqlite._turns import TurnTimeout, open_turns
 from delayq.errors import BackendUnavailable, InvalidOption, JobConflict, StaleClaim
 from delayq.job import EnqueueOutcome, JobState
@@ -287,3 +289,84 @@ def test_a_huge_error_is_stored_capped_keeping_its_end(
         assert job.last_error.endswith("OSError: \\udcff")
     finally:
         b.close()
+
+
+# -- bounded purges and retention ---------------------------------------------------------
+
+
+def _bury(backend: SQLiteBackend | MemoryBackend, count: int, at: float) -> None:
+    backend.enqueue([spec(f"d{i}", at, max_attempts=1) for i in range(count)])
+    for claim in backend.claim(limit=count, lease=30):
+        backend.bury(claim, "boom")
+
+
+def test_purge_dead_deletes_in_bounded_transactions(
+    backend: SQLiteBackend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(backend_module, "PURGE_BATCH", 10)
+    _bury(backend, 25, clock.time())
+    seen = commits(backend)
+    assert backend.purge_dead() == 25
+    assert len(seen) == 3  # 10 + 10 + 5, each its own write turn
+    assert backend.stats().dead == 0
+
+
+def test_dead_letters_past_dead_ttl_are_purged_by_later_claims(db: str, clock: FakeClock) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal", dead_ttl=60)
+    try:
+        _bury(backend, 3, clock.time())
+        clock.advance(30)
+        backend.claim(limit=1, lease=30)
+        assert backend.stats().dead == 3  # kept for dead_ttl
+        clock.advance(31)
+        backend.claim(limit=1, lease=30)
+        assert backend.stats().dead == 0 and backend.dead_letters() == []
+    finally:
+        backend.close()
+
+
+def test_dead_ttl_is_checked(db: str) -> None:
+    with pytest.raises(InvalidOption, match="dead_ttl"):
+        SQLiteBackend(db, dead_ttl=-1)
+    backend = SQLiteBackend.from_url(f"sqlite:///{db}?dead_ttl=86400")
+    try:
+        assert backend._dead_ttl == 86400
+    finally:
+        backend.close()
+
+
+def test_the_memory_store_purges_finished_records_in_bounded_batches(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory_module, "PURGE_BATCH", 10)
+    backend = MemoryBackend(clock=clock, result_ttl=60)
+    backend.enqueue([spec(f"s{i}", clock.time()) for i in range(25)])
+    for claim in backend.claim(limit=25, lease=30):
+        backend.ack(claim)
+    clock.advance(61)
+    assert backend.get("s0") is None  # past result_ttl: gone for every read ...
+    assert len(backend._jobs) == 15  # ... though one call purged only one batch
+    assert backend.stats().succeeded == 0
+    assert backend.list_jobs() == []
+    backend.enqueue([spec("s24", clock.time())])  # an expired id is free again
+    backend.get("s1")
+    backend.get("s1")
+    assert set(backend._jobs) == {"s24"}
+
+
+# -- nothing raises after the commit --------------------------------------------------------
+
+
+def test_a_failing_wake_up_after_the_commit_never_fails_the_enqueue(
+    backend: SQLiteBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert backend._wake is not None
+
+    def broken() -> None:
+        raise OSError(24, "Too many open files")
+
+    backend._wake.notify = broken  # type: ignore[method-assign]
+    with caplog.at_level("ERROR", logger="delayq.sqlite"):
+        assert backend.enqueue([spec("a", 1.0)]) == [EnqueueOutcome.CREATED]
+    assert backend.get("a") is not None  # stored: a retry would be a duplicate
+    assert any("waking other processes failed" in r.message for r in caplog.records)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
     RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
@@ -208,17 +209,26 @@ class MemoryBackend(CompletesInBatches):
             self._cond.notify_all()
 
     def _purge_finished(self, now: float) -> None:
+        """Forget at most ``PURGE_BATCH`` records past ``result_ttl`` per call, so
+        no call pauses for a big purge; reads skip the rest (:meth:`_gone`)."""
         cutoff = now - self._result_ttl
         fin = self._finished
-        while fin and fin[0][0] <= cutoff:
+        for _ in range(PURGE_BATCH):
+            if not fin or fin[0][0] > cutoff:
+                return
             _at, version, job_id = heapq.heappop(fin)
             rec = self._jobs.get(job_id)
             if rec is not None and rec.version == version and rec.state in TTL_STATES:
                 del self._jobs[job_id]
 
+    def _gone(self, rec: _Record, now: float) -> bool:
+        """A finished record past ``result_ttl`` that is not purged yet."""
+        return rec.state in TTL_STATES and rec.updated_at <= now - self._result_ttl
+
     def _lookup(self, job_id: str, now: float) -> _Record | None:
         self._purge_finished(now)
-        return self._jobs.get(job_id)
+        rec = self._jobs.get(job_id)
+        return None if rec is None or self._gone(rec, now) else rec
 
     def _expire_leases(self, now: float) -> None:
         while (expiry := self._next_lease_expiry()) is not None and expiry <= now:
@@ -279,8 +289,9 @@ class MemoryBackend(CompletesInBatches):
             seen: dict[str, JobState] = {}
             for spec in specs:
                 existing = seen.get(spec.id)
-                if existing is None and spec.id in self._jobs:
-                    existing = self._jobs[spec.id].state
+                old = self._jobs.get(spec.id)
+                if existing is None and old is not None and not self._gone(old, now):
+                    existing = old.state
                 if existing is None:
                     outcomes.append(EnqueueOutcome.CREATED)
                 elif on_conflict == "keep":
@@ -495,11 +506,13 @@ class MemoryBackend(CompletesInBatches):
         state = None if state is None else JobState(state)
         with self._lock:
             self._check_open()
-            self._purge_finished(self._clock.time())
+            now = self._clock.time()
+            self._purge_finished(now)
             recs = [
                 r
                 for r in self._jobs.values()
                 if (state is None or r.state is state)
+                and not self._gone(r, now)
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
             ]
@@ -519,6 +532,8 @@ class MemoryBackend(CompletesInBatches):
             counts = dict.fromkeys(JobState, 0)
             due = 0
             for rec in self._jobs.values():
+                if self._gone(rec, now):
+                    continue
                 counts[rec.state] += 1
                 if rec.state is JobState.SCHEDULED and rec.run_at <= now:
                     due += 1

@@ -687,7 +687,7 @@ class SQLiteBackend(CompletesInBatches):
         if job_ids is None:
             while True:
                 with self._write("purging dead letters") as conn:
-                    deleted = ops.delete_batch(conn, where, params)
+                    deleted = ops.delete_batch(conn, where, params, PURGE_BATCH)
                 total += deleted
                 if deleted < PURGE_BATCH:
                     return total

@@ -99,13 +99,15 @@ def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
     return full
 
 
-def delete_batch(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
-    """Delete at most ``PURGE_BATCH`` rows matching ``where``; return how many."""
+def delete_batch(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], limit: int = PURGE_BATCH
+) -> int:
+    """Delete at most ``limit`` rows matching ``where``; return how many."""
     return int(
         conn.execute(
             f"DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs WHERE {where} "
-            f"LIMIT {PURGE_BATCH})",
-            tuple(params),
+            f"LIMIT ?)",
+            (*params, limit),
         ).rowcount
     )
 
