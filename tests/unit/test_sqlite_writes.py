@@ -19,6 +19,7 @@ from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.backends.sqlite import _backend as backend_module
+from delayq.backends.sqlite import _schema as schema_module
 from delayq.backends.sqlite._turns import TurnTimeout, open_turns
 from delayq.errors import BackendUnavailable, InvalidOption, JobConflict, StaleClaim
 from delayq.job import EnqueueOutcome, JobState
@@ -370,3 +371,93 @@ def test_a_failing_wake_up_after_the_commit_never_fails_the_enqueue(
         assert backend.enqueue([spec("a", 1.0)]) == [EnqueueOutcome.CREATED]
     assert backend.get("a") is not None  # stored: a retry would be a duplicate
     assert any("waking other processes failed" in r.message for r in caplog.records)
+
+
+# -- the WAL shrinks after a burst ----------------------------------------------------------
+
+
+def test_the_wal_shrinks_back_after_a_burst(
+    db: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schema_module, "WAL_SIZE_LIMIT", 1024 * 1024)
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal")
+    try:
+        big = "x" * 2000
+        backend.enqueue([spec(f"j{i}", 1.0, payload={"p": big}) for i in range(2000)])
+        assert os.path.getsize(f"{db}-wal") > 3 * 1024 * 1024  # one big transaction
+        for i in range(3):
+            backend.enqueue([spec(f"small{i}", 1.0)])  # checkpointed, then restarted
+        assert os.path.getsize(f"{db}-wal") <= 1024 * 1024
+    finally:
+        backend.close()
+
+
+# -- stats from counts kept in the same transactions ----------------------------------------
+
+
+def _counted(db: str) -> dict[str, int]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT state, COUNT(*) FROM delayq_jobs GROUP BY state"))
+
+
+def test_stats_counts_stay_equal_to_the_rows_through_every_change(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec(f"j{i}", t0, max_attempts=1 if i < 3 else 3) for i in range(12)])
+    backend.enqueue([spec("j11", t0 + 60)], on_conflict="replace")
+    claims = backend.claim(limit=9, lease=5)
+    backend.bury(claims[0], "x")
+    backend.retry(claims[3], t0 + 1, "y")
+    backend.ack(claims[4])
+    backend.ack(claims[5], state=JobState.SKIPPED)
+    backend.release(claims[6])
+    backend.cancel("j10")
+    clock.advance(10)  # leases of the rest expire on the next claim
+    backend.claim(limit=1, lease=5)
+    backend.purge_dead(job_ids=["j0"])
+    stats = backend.stats()
+    got = {
+        "scheduled": stats.scheduled,
+        "running": stats.running,
+        "succeeded": stats.succeeded,
+        "dead": stats.dead,
+        "cancelled": stats.cancelled,
+        "skipped": stats.skipped,
+    }
+    assert got == {state: _counted(backend.path).get(state, 0) for state in got}
+
+
+def test_stats_hides_finished_records_past_result_ttl_before_they_are_purged(
+    db: str, clock: FakeClock
+) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal", result_ttl=60)
+    try:
+        backend.enqueue([spec("a", clock.time())])
+        [claim] = backend.claim(limit=1, lease=30)
+        backend.ack(claim)
+        assert backend.stats().succeeded == 1
+        clock.advance(61)
+        assert backend.stats().succeeded == 0  # gone for readers; purged by a later claim
+    finally:
+        backend.close()
+
+
+def test_a_database_from_before_the_counts_is_counted_once_when_opened(
+    db: str, clock: FakeClock
+) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal")
+    backend.enqueue([spec(f"j{i}", clock.time()) for i in range(5)])
+    backend.claim(limit=2, lease=30)
+    backend.close()
+    with sqlite3.connect(db) as conn:  # as an older delayq left it
+        for trigger in ("insert", "delete", "update"):
+            conn.execute(f"DROP TRIGGER delayq_count_{trigger}")
+        conn.execute("DROP TABLE delayq_counts")
+        conn.execute("DELETE FROM delayq_meta WHERE key = 'counts_ready'")
+    reopened = SQLiteBackend(db, clock=clock, synchronous="normal")
+    try:
+        stats = reopened.stats()
+        assert (stats.scheduled, stats.running) == (3, 2)
+    finally:
+        reopened.close()

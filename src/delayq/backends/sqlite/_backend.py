@@ -38,6 +38,7 @@ from delayq.backends.sqlite._schema import (
     NOT_EXPIRED,
     PURGE_EVERY,
     SELECT,
+    TTL_STATE_VALUES,
     WAKE_CHECK_EVERY,
     Synchronous,
     check_busy_timeout,
@@ -616,14 +617,18 @@ class SQLiteBackend(CompletesInBatches):
             return ops.head(conn)
 
     def stats(self) -> Stats:
+        """Counts per state from ``delayq_counts`` (kept by triggers: no table
+        scan at any size), less the finished records past their TTL that are
+        not purged yet (an index range, normally empty); ``due`` is an index
+        range of the due jobs."""
         now = self._clock.time()
         with self._read("counting jobs") as conn:
-            counts = dict(
-                conn.execute(
-                    f"SELECT state, COUNT(*) FROM delayq_jobs WHERE {NOT_EXPIRED} GROUP BY state",
-                    (self._cutoff(now),),
-                ).fetchall()
-            )
+            counts = dict(conn.execute("SELECT state, n FROM delayq_counts").fetchall())
+            cutoff = self._cutoff(now)
+            for state in TTL_STATE_VALUES:
+                counts[state] = counts.get(state, 0) - ops.count_finished_before(
+                    conn, state, cutoff
+                )
             due = conn.execute(
                 "SELECT COUNT(*) FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?",
                 (now,),

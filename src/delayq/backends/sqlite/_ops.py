@@ -46,6 +46,7 @@ from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 __all__ = [
     "claim_due",
     "complete_items",
+    "count_finished_before",
     "delete_batch",
     "expire_leases",
     "find_changeable",
@@ -79,6 +80,16 @@ def wake_failures(conn: sqlite3.Connection) -> int:
 def is_expired(state: str, updated_at: float, cutoff: float) -> bool:
     """A finished record past ``result_ttl`` (``updated_at <= cutoff``) counts as gone."""
     return state in TTL_STATE_VALUES and updated_at <= cutoff
+
+
+def count_finished_before(conn: sqlite3.Connection, state: str, cutoff: float) -> int:
+    """Records of final ``state`` finished at or before ``cutoff`` (an index range)."""
+    return int(
+        conn.execute(
+            "SELECT COUNT(*) FROM delayq_jobs WHERE state = ? AND updated_at <= ?",
+            (state, cutoff),
+        ).fetchone()[0]
+    )
 
 
 def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:

@@ -66,6 +66,27 @@ INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('token', 0);
 INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('wake_failures', 0);
 """
 
+# Jobs per state, kept by triggers in the same transaction as every change, so
+# stats() reads seven rows instead of counting the table (10M rows: seconds).
+# Triggers live in the file: every writer keeps them, whatever its version.
+COUNTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS delayq_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) "
+    "WITHOUT ROWID"
+)
+COUNT_TRIGGERS = (
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_insert AFTER INSERT ON delayq_jobs BEGIN
+        UPDATE delayq_counts SET n = n + 1 WHERE state = new.state;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_delete AFTER DELETE ON delayq_jobs BEGIN
+        UPDATE delayq_counts SET n = n - 1 WHERE state = old.state;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_update AFTER UPDATE OF state ON delayq_jobs
+    WHEN old.state != new.state BEGIN
+        UPDATE delayq_counts SET n = n - 1 WHERE state = old.state;
+        UPDATE delayq_counts SET n = n + 1 WHERE state = new.state;
+    END""",
+)
+
 COLUMNS = (
     "seq, id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
     "created_at, updated_at, last_error, outcome, lease_until, token"
@@ -140,6 +161,25 @@ the file back to this size (bytes), so it does not stay as big as the largest
 burst it ever held (the default checkpoint runs at 1000 pages, ~4 MiB)."""
 
 
+def _create_counts(conn: sqlite3.Connection) -> None:
+    """Create the per-state counts and their triggers (inside the schema
+    transaction); a file from before them is counted once, here."""
+    if conn.execute("SELECT 1 FROM delayq_meta WHERE key = 'counts_ready'").fetchone() is not None:
+        return
+    conn.execute(COUNTS_TABLE)
+    conn.execute("DELETE FROM delayq_counts")
+    conn.executemany(
+        "INSERT INTO delayq_counts (state, n) VALUES (?, 0)", [(s.value,) for s in JobState]
+    )
+    conn.execute(
+        "UPDATE delayq_counts SET n = (SELECT COUNT(*) FROM delayq_jobs "
+        "WHERE delayq_jobs.state = delayq_counts.state)"
+    )
+    for trigger in COUNT_TRIGGERS:
+        conn.execute(trigger)
+    conn.execute("INSERT INTO delayq_meta (key, value) VALUES ('counts_ready', 1)")
+
+
 def open_connection(
     path: str, *, memory: bool, busy_timeout: float, synchronous: Synchronous
 ) -> sqlite3.Connection:
@@ -170,6 +210,7 @@ def open_connection(
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        _create_counts(conn)
         conn.execute(
             "INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('schema_version', ?)",
             (SCHEMA_VERSION,),
