@@ -10,7 +10,6 @@ claim the next").
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +19,7 @@ from delayq.backends._common import (
     PURGE_BATCH,
     RELEASED_NOTE,
     clip_error,
+    encode_backoff,
     lease_expired_error,
     lease_expired_note,
     stale_claim,
@@ -217,7 +217,7 @@ def insert_specs(
             s.payload,
             float(s.run_at) if s.delay is None else now + max(0.0, s.delay),
             s.max_attempts,
-            json.dumps(s.backoff, separators=(",", ":")),
+            encode_backoff(s.backoff),
             s.misfire,
             s.created_at or now,
             now,
