@@ -159,11 +159,11 @@ def test_enqueues_arriving_during_a_commit_share_the_next_one(backend: SQLiteBac
     with backend._db_lock:  # a commit in progress: every call now waits
         leader = threading.Thread(target=call, args=("first",))
         leader.start()
-        assert wait_until(lambda: backend._leading)
+        assert wait_until(lambda: backend._group.leading)
         others = [threading.Thread(target=call, args=(i,)) for i in ("b", "taken", "c", "d")]
         for t in others:
             t.start()
-        assert wait_until(lambda: len(backend._pending) == 4)
+        assert wait_until(lambda: backend._group.waiting == 4)
     for t in [leader, *others]:
         t.join(10)
     assert len(seen) == 2  # "first" alone, then the four together
@@ -187,11 +187,11 @@ def test_a_failed_group_commit_fails_every_call_in_it(
     with backend._db_lock:
         leader = threading.Thread(target=call, args=("first",))
         leader.start()
-        assert wait_until(lambda: backend._leading)
+        assert wait_until(lambda: backend._group.leading)
         others = [threading.Thread(target=call, args=(i,)) for i in ("b", "c")]
         for t in others:
             t.start()
-        assert wait_until(lambda: len(backend._pending) == 2)
+        assert wait_until(lambda: backend._group.waiting == 2)
         backend._busy_timeout = 0.01
         holder = open_turns(backend.path)  # another process writing meanwhile
         assert holder is not None

@@ -1,6 +1,9 @@
-"""The SQLite store: connection, turns, group commit, waking, the contract methods.
+"""The SQLite store: connection, transactions in turns, waking, the contract methods.
 
-See the package docstring (:mod:`delayq.backends.sqlite`) for the design.
+See the package docstring (:mod:`delayq.backends.sqlite`) for the design. This
+module is the one class a user holds: the contract's twenty-odd methods, each
+a short transaction around a row operation of :mod:`._ops`; group commit lives
+in :mod:`._group`, turns in :mod:`._turns`, the schema in :mod:`._schema`.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -31,6 +34,7 @@ from delayq.backends._common import (
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
+from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
@@ -76,25 +80,6 @@ log = logging.getLogger("delayq.sqlite")
 _URL_OPTIONS = ("synchronous", "busy_timeout", "result_ttl", "dead_ttl")
 
 
-@dataclass(eq=False, slots=True)
-class _EnqueueRequest:
-    """One ``enqueue`` call waiting for a group commit (see :meth:`SQLiteBackend.enqueue`)."""
-
-    specs: list[JobSpec]
-    on_conflict: str
-    outcomes: list[EnqueueOutcome] | None = None
-    error: BaseException | None = None
-    shared: bool = False  # error is the whole group's (not this call's own conflict)
-    done: bool = False
-
-
-def _follower_error(exc: BaseException) -> BaseException:
-    """The error a waiting call raises when the group commit it joined failed."""
-    if isinstance(exc, DelayqError):
-        return type(exc)(*exc.args)
-    return BackendError(f"enqueue failed in the group commit it joined: {exc!r}")
-
-
 class SQLiteBackend(CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
@@ -119,9 +104,9 @@ class SQLiteBackend(CompletesInBatches):
     ``_closed``; no user code runs under it, and the only waiting under it is
     for the write turn (bounded by ``busy_timeout``).
     ``_cond`` (its own lock) guards ``_wake_gen`` and is notified when the
-    schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (its
-    own lock, never taken with ``_db_lock`` held) guards ``_pending`` and
-    ``_leading`` of the enqueue group commit.
+    schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (the
+    enqueue group commit, :mod:`._group`) has its own lock, never held while
+    committing.
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
@@ -152,9 +137,7 @@ class SQLiteBackend(CompletesInBatches):
         self._db_lock = threading.RLock()
         self._cond = threading.Condition(threading.Lock())
         self._wake_gen = 0
-        self._group = threading.Condition(threading.Lock())
-        self._pending: list[_EnqueueRequest] = []
-        self._leading = False
+        self._group = GroupCommit(self._commit_group)
         self._closed = False
         self._last_purge = float("-inf")
         self._pid = os.getpid()
@@ -343,35 +326,9 @@ class SQLiteBackend(CompletesInBatches):
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
-        request = _EnqueueRequest(specs, policy)
-        with self._group:
-            self._pending.append(request)
-            while self._leading and not request.done:
-                self._group.wait()
-            if not request.done:
-                self._leading = True
-                group, self._pending = self._pending, []
-            else:
-                group = []
-        if group:
-            try:
-                self._commit_group(group)
-            finally:
-                with self._group:
-                    self._leading = False
-                    for member in group:
-                        member.done = True
-                    self._group.notify_all()
-        error = request.error
-        if error is not None:
-            if request.shared and not group:
-                # The whole group failed in the leader's thread: a fresh error here.
-                raise _follower_error(error) from error
-            raise error
-        assert request.outcomes is not None
-        return request.outcomes
+        return self._group.run(EnqueueRequest(specs, policy))
 
-    def _commit_group(self, group: list[_EnqueueRequest]) -> None:
+    def _commit_group(self, group: list[EnqueueRequest]) -> None:
         """Store every request of ``group`` in one transaction (see :meth:`enqueue`)."""
         earliest: float | None = None
         head: float | None = None
