@@ -9,7 +9,7 @@ Concurrency
 * **Threads.** A backend object owns ONE connection, guarded by a lock; its
   threads take turns. Concurrent ``enqueue`` calls (a threaded web app calling
   ``schedule``) share one transaction and one fsync: a group commit, each call
-  in its own savepoint, each returning after the commit that stored it.
+  failing alone on its own conflict, each returning after the commit that stored it.
 * **Processes.** Any number of processes may open the same file. Every write
   (claims included) runs in ``BEGIN IMMEDIATE``, which takes the database's
   write lock before reading, so two processes can never both see a job as due

@@ -318,8 +318,8 @@ class SQLiteBackend(CompletesInBatches):
 
         Group commit: calls that arrive from other threads while a commit is in
         progress wait for it, then go together in the next transaction (one
-        ``BEGIN IMMEDIATE``, one fsync), each call in its own savepoint so a
-        rejected id fails only its own call. Every call returns after the
+        ``BEGIN IMMEDIATE``, one fsync); a rejected id fails only its own call
+        (outcomes are decided before any row of a call is written). Every call returns after the
         commit that stored it.
         """
         policy = check_on_conflict(on_conflict)
@@ -332,28 +332,21 @@ class SQLiteBackend(CompletesInBatches):
         """Store every request of ``group`` in one transaction (see :meth:`enqueue`)."""
         earliest: float | None = None
         head: float | None = None
-        alone = len(group) == 1
         try:
             with self._write("enqueueing") as conn:
                 now = self._clock.time()
                 cutoff = self._cutoff(now)
                 head = ops.head(conn)
                 for request in group:
-                    if not alone:
-                        conn.execute("SAVEPOINT delayq_enqueue")
                     try:
+                        # Decides every outcome before writing a row: a conflict
+                        # leaves nothing of its call behind (no savepoint needed).
                         outcomes, first = ops.insert_specs(
                             conn, request.specs, request.on_conflict, now, cutoff
                         )
                     except DelayqError as exc:
-                        if alone:
-                            raise
-                        conn.execute("ROLLBACK TO delayq_enqueue")
-                        conn.execute("RELEASE delayq_enqueue")
                         request.error = exc
                         continue
-                    if not alone:
-                        conn.execute("RELEASE delayq_enqueue")
                     request.outcomes = outcomes
                     if first is not None:
                         earliest = first if earliest is None else min(earliest, first)

@@ -4,8 +4,8 @@ A threaded web app calls ``schedule`` from many threads at once. On
 ``synchronous=full`` each commit costs an fsync, so one transaction per call
 caps them all at the fsync rate. Instead the first call to arrive leads: it
 takes every call waiting at that moment and commits them together (the
-backend's ``commit`` callback, one transaction, each call in its own
-savepoint). Calls arriving meanwhile wait for that commit to end and then go
+backend's ``commit`` callback, one transaction; a conflict fails only its own
+call). Calls arriving meanwhile wait for that commit to end and then go
 together in the next one. Every call returns after the commit that stored it,
 with its own outcomes or its own error.
 """

@@ -167,8 +167,9 @@ def insert_specs(
 ) -> tuple[list[EnqueueOutcome], float | None]:
     """Store checked ``specs``; return each outcome and the earliest due time stored.
 
-    Raises :class:`JobConflict` (the caller rolls back) for a rejected id or a
-    running job that ``replace`` would overwrite.
+    Raises :class:`JobConflict` for a rejected id or a running job that
+    ``replace`` would overwrite, always before writing anything (a group commit
+    relies on it: the other calls of the transaction go on).
     """
     existing: dict[str, JobState] = {}
     stale_rows: set[str] = set()  # rows to delete before inserting (replaced, expired)
