@@ -52,6 +52,7 @@ __all__ = ["WakeChannel", "share_like_database", "wake_directory"]
 
 log = logging.getLogger("delayq.sqlite")
 
+_SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(os, "O_DIRECTORY")  # not on Windows
 _MAX_SOCKET_PATH = 100  # sun_path is 104-108 bytes depending on the OS; keep a margin
 _SUFFIX = ".sock"
 _PROBE = b"?"  # the self-check's datagram: received, but wakes nobody
@@ -133,7 +134,7 @@ class WakeChannel:
         self._dir_fd: int | None = None
         self._received = threading.Event()  # set by the listener thread on each datagram
         self._closed = False
-        self._failed = not hasattr(socket, "AF_UNIX")
+        self._failed = not _SUPPORTED
         self._warned: set[str] = set()
 
     @property
@@ -267,7 +268,7 @@ class WakeChannel:
         once per socket and reported through ``on_undelivered``.
         """
         with self._lock:
-            if self._closed:
+            if self._closed or not _SUPPORTED:
                 return
             try:
                 dir_fd = self._open_directory()

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import queue
@@ -43,11 +42,16 @@ from dataclasses import dataclass, field
 
 from delayq.backends._wake import share_like_database
 
+try:
+    import fcntl
+except ImportError:  # Windows: no kernel file locks here; writers rely on SQLite's busy handler
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["TurnTimeout", "WriteTurns", "open_turns"]
 
 log = logging.getLogger("delayq.sqlite")
 
-_OFD = hasattr(fcntl, "F_OFD_SETLKW")
+_OFD = fcntl is not None and hasattr(fcntl, "F_OFD_SETLKW")
 _GATE, _TURN = 0, 1  # byte offsets in <db>.lock
 
 
@@ -207,6 +211,8 @@ def open_turns(db_path: str) -> WriteTurns | None:
     None, with a warning, when the lock file cannot be opened (a read-only
     directory): writers then wait in SQLite's busy handler alone.
     """
+    if fcntl is None:
+        return None
     lock_path = db_path + ".lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
