@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from delayq.backends._common import (
@@ -38,7 +37,7 @@ from delayq.backends.sqlite._schema import (
     RELEASE,
     RETRY,
     TTL_STATE_VALUES,
-    to_job,
+    claimed_job,
 )
 from delayq.errors import JobConflict, StaleClaim
 from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
@@ -271,13 +270,7 @@ def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> 
     jobs: list[tuple[int, Job]] = []
     for row in rows:
         try:
-            job = replace(
-                to_job(row, strict=True),
-                state=JobState.RUNNING,
-                attempts=row[6] + 1,
-                lease_until=lease_until,
-                updated_at=at,
-            )
+            job = claimed_job(row, at, lease_until)
         except (ValueError, TypeError, RecursionError) as exc:
             conn.execute(
                 "UPDATE delayq_jobs SET state = 'dead', last_error = ?, "

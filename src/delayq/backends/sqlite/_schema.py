@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 from typing import Any, Literal
@@ -120,6 +121,44 @@ TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
 
 Row = tuple[Any, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_backoff(text: str) -> tuple[tuple[str, Any], ...] | None:
+    """A stored backoff's items when they are all scalars (the usual spec), parsed
+    once per distinct text; None for nested specs (parsed every time)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise TypeError(f"backoff is not a JSON object: {text!r}")
+    items = tuple(value.items())
+    return None if any(isinstance(v, dict | list) for _, v in items) else items
+
+
+def decode_backoff(text: str) -> dict[str, Any]:
+    """A stored backoff as a fresh dict (raises ValueError or TypeError when unreadable)."""
+    items = _flat_backoff(text)
+    return dict(items) if items is not None else dict(json.loads(text))
+
+
+def claimed_job(row: Row, at: float, lease_until: float) -> Job:
+    """The job of a row being claimed at ``at``: RUNNING, one more attempt.
+    Raises ValueError (or TypeError) when its payload or backoff do not decode."""
+    return Job(
+        id=row[1],
+        name=row[2],
+        payload=decode_payload(row[3]),
+        run_at=row[4],
+        state=JobState.RUNNING,
+        attempts=row[6] + 1,
+        max_attempts=row[7],
+        backoff=decode_backoff(row[8]),
+        misfire=row[9],
+        created_at=row[10],
+        updated_at=at,
+        last_error=row[12],
+        outcome=row[13],
+        lease_until=lease_until,
+    )
 
 
 def to_job(row: Row, *, strict: bool = False) -> Job:
