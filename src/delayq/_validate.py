@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from numbers import Real
 
-from delayq.errors import InvalidDelay, InvalidJobId
+from delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
 
 MAX_JOB_ID_LENGTH = 255
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 control characters
@@ -42,6 +42,17 @@ def check_seconds(value: object, name: str = "delay") -> float:
     if not math.isfinite(seconds):
         raise InvalidDelay(f"{name} must be a finite number of seconds, got {value!r}")
     return seconds
+
+
+def check_option_seconds(value: object, name: str, *, allow_zero: bool = False) -> float:
+    """Return an option given in seconds (a lease, a timeout, a grace period) as a
+    float, or raise :class:`InvalidOption` naming it: finite, and > 0 (>= 0 with
+    ``allow_zero``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOption(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InvalidOption(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return float(value)
 
 
 def check_datetime(value: object, name: str = "at") -> float:

@@ -6,6 +6,7 @@ Not public API: backends import from here; users see the errors it builds.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -16,7 +17,10 @@ from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
 from delayq.job import Claim, JobSpec, JobState
 
+log = logging.getLogger("delayq.backends")
+
 __all__ = [
+    "CompletesAndClaims",
     "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
@@ -28,12 +32,14 @@ __all__ = [
     "check_dead_ttl",
     "check_lease",
     "check_limit",
+    "check_list_cursor",
     "check_max_wait",
     "check_result_ttl",
     "check_run_at",
     "check_spec",
     "check_when",
     "clip_error",
+    "complete_then_claim",
     "encode_backoff",
     "readable_json",
     "undecodable_error",
@@ -80,6 +86,18 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
     return limit
+
+
+def check_list_cursor(after: object) -> tuple[float, str] | None:
+    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
+    of the previous page, or None."""
+    if after is None:
+        return None
+    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
+        raise InvalidOption(
+            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
+        )
+    return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
 def check_lease(lease: object) -> float:
@@ -291,7 +309,47 @@ def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> Stal
     )
 
 
-class CompletesInBatches:
+def complete_then_claim(
+    store: Any, batch: Sequence[Completion], *, limit: int, lease: float
+) -> tuple[list[StaleClaim | None], list[Claim]]:
+    """The default ``complete_and_claim``: ``store.complete(batch)``, then
+    ``store.claim(limit=limit, lease=lease)`` (none when ``limit`` is 0).
+
+    Two calls, not one transaction: when the claim fails after the batch was
+    applied, the batch's answers are still returned (they happened), with no
+    claims, and the claim's error is logged; the caller claims again later. A
+    failing ``complete`` raises as usual (nothing claimed).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+    answers: list[StaleClaim | None] = store.complete(batch) if batch else []
+    if limit == 0:
+        return answers, []
+    try:
+        claims: list[Claim] = store.claim(limit=limit, lease=lease)
+    except Exception:
+        if not answers:
+            raise
+        log.warning(
+            "complete_and_claim: %d completion(s) recorded, the claim after them failed",
+            len(answers),
+            exc_info=True,
+        )
+        return answers, []
+    return answers, claims
+
+
+class CompletesAndClaims:
+    """``complete_and_claim`` as :func:`complete_then_claim`, for stores that have no
+    single round trip for it (yet)."""
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+
+class CompletesInBatches(CompletesAndClaims):
     """``ack`` / ``retry`` / ``bury`` as one-entry batches of ``complete``.
 
     For stores whose single calls are just a batch of one (memory, SQLite), so

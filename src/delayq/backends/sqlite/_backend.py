@@ -25,6 +25,7 @@ from delayq.backends._common import (
     check_dead_ttl,
     check_lease,
     check_limit,
+    check_list_cursor,
     check_max_wait,
     check_result_ttl,
     check_run_at,
@@ -35,6 +36,7 @@ from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
+from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
@@ -80,7 +82,7 @@ log = logging.getLogger("delayq.sqlite")
 _URL_OPTIONS = ("synchronous", "busy_timeout", "result_ttl", "dead_ttl")
 
 
-class SQLiteBackend(CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -110,7 +112,7 @@ class SQLiteBackend(CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
@@ -453,11 +455,12 @@ class SQLiteBackend(CompletesInBatches):
         except QueueClosed:
             return
         wake = self._wake
-        # Listen BEFORE reading the schedule: a change committed after the read
-        # then always reaches us as a wake-up.
-        listening = wake.listen() if wake is not None else True
+        # The generation first, then listen, then read the schedule: a change
+        # committed after the read always reaches us as a wake-up, also one that
+        # arrives while listen() binds and checks its socket.
         with self._cond:
             gen = self._wake_gen
+        listening = wake.listen() if wake is not None else True
         deadline = clock.monotonic() + max_wait
         seen_version: int | None = None  # fallback only: PRAGMA data_version at the start
         while True:
@@ -541,14 +544,32 @@ class SQLiteBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
+
+        Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
+        ``name`` filter is checked on the rows walked (no index of its own, so a
+        rare name costs a longer walk, never a sort).
+        """
         limit = check_limit(limit)
+        cursor = check_list_cursor(after)
         where = [NOT_EXPIRED]
         params: list[Any] = [self._cutoff(self._clock.time())]
         if state is not None:
             where.append("state = ?")
             params.append(JobState(state).value)
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if cursor is not None:
+            # The cursor job's seq breaks run_at ties; gone, it is 0 (the page
+            # starts at run_at: it may repeat a job, never skip one).
+            where.append(
+                "(run_at, seq) > (?, COALESCE((SELECT seq FROM delayq_jobs WHERE id = ?), 0))"
+            )
+            params.extend(cursor)
         if due_after is not None:
             where.append("run_at >= ?")
             params.append(check_run_at(due_after, "due_after"))
