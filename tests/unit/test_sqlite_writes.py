@@ -461,3 +461,27 @@ def test_a_database_from_before_the_counts_is_counted_once_when_opened(
         assert (stats.scheduled, stats.running) == (3, 2)
     finally:
         reopened.close()
+
+
+# -- what waits for the disk -----------------------------------------------------------------
+
+
+def test_on_full_a_workers_writes_skip_the_fsync_and_producers_writes_keep_it(
+    db: str, clock: FakeClock
+) -> None:
+    backend = SQLiteBackend(db, clock=clock)  # synchronous="full"
+    statements: list[str] = []
+    try:
+        backend._conn.set_trace_callback(statements.append)
+        backend.enqueue([spec("a", clock.time()), spec("b", clock.time())])
+        assert not any("synchronous" in s for s in statements)  # schedule: fsynced
+        [claim] = backend.claim(limit=1, lease=30)
+        backend.complete_and_claim([Completion.ack(claim)], limit=1, lease=30)
+        lazy = [s for s in statements if s == "PRAGMA synchronous = NORMAL"]
+        assert len(lazy) == 2  # the claim and the ack-and-claim
+        statements.clear()
+        assert backend.cancel("a") is not None
+        assert not any("synchronous" in s for s in statements)  # cancel: fsynced
+        assert backend._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    finally:
+        backend.close()

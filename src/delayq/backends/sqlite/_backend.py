@@ -234,10 +234,19 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                 self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
         return self._conn
 
-    def _write(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def _write(
+        self, doing: str, *, durable: bool = True
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """A ``BEGIN IMMEDIATE`` transaction in this writer's turn: committed on
-        success, rolled back on error."""
-        return self._transaction("BEGIN IMMEDIATE", doing)
+        success, rolled back on error.
+
+        ``durable=False`` (a worker's claims, acks, retries, lease renewals) does
+        not wait for the disk even on ``synchronous="full"``: a power loss may
+        forget the last of them, which at-least-once delivery covers (the job
+        runs again after its lease). The next durable commit (a ``schedule``,
+        a ``cancel``) fsyncs them along with itself: the WAL is one file.
+        """
+        return self._transaction("BEGIN IMMEDIATE", doing, lazy=not durable)
 
     def _read(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """A read transaction: one consistent snapshot for several statements (no turn:
@@ -245,10 +254,13 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         return self._transaction("BEGIN", doing)
 
     @contextlib.contextmanager
-    def _transaction(self, begin: str, doing: str) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, begin: str, doing: str, *, lazy: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         with self._db_lock:
             conn = self._connection()
             turns = self._turns if begin != "BEGIN" else None
+            lazy = lazy and self._synchronous == "full"
             if turns is not None:
                 try:
                     turns.acquire(self._busy_timeout)
@@ -260,6 +272,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                     ) from exc
             try:
                 try:
+                    if lazy:
+                        conn.execute("PRAGMA synchronous = NORMAL")
                     conn.execute(begin)
                 except sqlite3.Error as exc:
                     raise self._wrap(exc, doing) from exc
@@ -273,6 +287,9 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                         raise self._wrap(exc, doing) from exc
                     raise
             finally:
+                if lazy:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("PRAGMA synchronous = FULL")
                 if turns is not None:
                     turns.release()
 
@@ -398,7 +415,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
-        with self._write("claiming") as conn:
+        with self._write("claiming", durable=False) as conn:
             at = self._clock.time() if now is None else check_run_at(now, "now")
             self._housekeeping(conn, at)
             return ops.claim_due(conn, at, limit, lease)
@@ -424,7 +441,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         if not items and not limit:
             return [], []
         head: float | None = None
-        with self._write("completing claims" if items else "claiming") as conn:
+        with self._write("completing claims" if items else "claiming", durable=False) as conn:
             now = self._clock.time()
             if any(item.state is JobState.SCHEDULED for item in items):  # retry or release
                 head = ops.head(conn)
@@ -438,7 +455,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
-        with self._write("extending a lease") as conn:
+        with self._write("extending a lease", durable=False) as conn:
             now = self._clock.time()
             ops.finish_claim(conn, claim, "lease_until = ?, updated_at = ?", (now + lease, now))
         job = replace(claim.job, lease_until=now + lease, updated_at=now)
@@ -516,7 +533,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
 
     def _wake_undelivered(self) -> None:
         """Tell every waiter (through the database) that a wake-up was lost."""
-        with self._write("recording an undelivered wake-up") as conn:
+        with self._write("recording an undelivered wake-up", durable=False) as conn:
             conn.execute("UPDATE delayq_meta SET value = value + 1 WHERE key = 'wake_failures'")
 
     @property
