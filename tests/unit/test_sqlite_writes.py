@@ -20,6 +20,7 @@ from delayq.backends.memory import MemoryBackend
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.backends.sqlite import _backend as backend_module
 from delayq.backends.sqlite import _schema as schema_module
+from delayq.backends.sqlite import _turns as turns_module
 from delayq.backends.sqlite._turns import TurnTimeout, open_turns
 from delayq.errors import BackendUnavailable, InvalidOption, JobConflict, StaleClaim
 from delayq.job import EnqueueOutcome, JobState
@@ -483,5 +484,23 @@ def test_on_full_a_workers_writes_skip_the_fsync_and_producers_writes_keep_it(
         assert backend.cancel("a") is not None
         assert not any("synchronous" in s for s in statements)  # cancel: fsynced
         assert backend._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    finally:
+        backend.close()
+
+
+def test_without_working_file_locks_writers_fall_back_to_sqlites_busy_handler(
+    db: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_locks(self: object) -> None:
+        raise OSError(37, "No locks available")  # ENOLCK, as on some network mounts
+
+    monkeypatch.setattr(turns_module.WriteTurns, "probe", no_locks)
+    with caplog.at_level("WARNING", logger="delayq.sqlite"):
+        backend = SQLiteBackend(db, synchronous="normal")
+    try:
+        assert backend._turns is None
+        assert any("kernel file locks do not work" in r.message for r in caplog.records)
+        backend.enqueue([spec("a", 1.0)])
+        assert backend.get("a") is not None
     finally:
         backend.close()

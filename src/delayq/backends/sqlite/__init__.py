@@ -32,9 +32,10 @@ crash: the contract's "nothing lost" holds unconditionally, which is why it
 is the default. A worker's claims, acks, retries and lease renewals do not
 wait for the disk: a power loss may forget the last of them, and the job then
 runs again after its lease (at-least-once); the next fsynced commit makes them
-durable too (the WAL is one file, synced up to its end). With ``"normal"`` (in WAL mode) a commit is safe from a crash
-of the process (SIGKILL included) and the file never corrupts, but the last
-transactions before a power loss or kernel crash may roll back. It is several
+durable too (the WAL is one file, synced up to its end). With ``"normal"``
+(in WAL mode) a commit is safe from a crash of the process (SIGKILL
+included) and the file never corrupts, but the last transactions before a
+power loss or kernel crash may roll back. It is several
 times faster for single-job writes; batched writes (``schedule_many``) pay
 one fsync per batch either way.
 

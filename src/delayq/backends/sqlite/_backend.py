@@ -270,6 +270,11 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                         f"process kept writing (or stopped while writing) for longer than "
                         f"busy_timeout={self._busy_timeout}s"
                     ) from exc
+                except OSError as exc:
+                    raise BackendUnavailable(
+                        f"SQLite database {self.path!r} unavailable while {doing}: cannot "
+                        f"take the write turn on {turns.lock_path!r}: {exc}"
+                    ) from exc
             try:
                 try:
                     if lazy:

@@ -156,6 +156,12 @@ class WriteTurns:
             ticket.abandoned = True
         raise TurnTimeout(f"no write turn on {self.lock_path!r} within {timeout}s")
 
+    def probe(self) -> None:
+        """Take and drop the gate without waiting: raises OSError where the file
+        system has no such locks (a busy gate is fine: the locks work)."""
+        if self._lock(_GATE, wait=False):
+            self._unlock(_GATE)
+
     def release(self) -> None:
         """End this writer's turn: the writer waiting at the gate goes next."""
         self._unlock(_TURN)
@@ -226,4 +232,17 @@ def open_turns(db_path: str) -> WriteTurns | None:
         )
         return None
     share_like_database(lock_path, db_path)
-    return WriteTurns(lock_path, fd)
+    turns = WriteTurns(lock_path, fd)
+    try:  # a file system without these locks (some network mounts) says so here
+        turns.probe()
+    except OSError as exc:
+        turns.close()
+        log.warning(
+            "delayq sqlite %s: kernel file locks do not work on %s (%s); writers will "
+            "not take turns (a busy producer may delay claims)",
+            db_path,
+            lock_path,
+            exc,
+        )
+        return None
+    return turns
