@@ -163,6 +163,10 @@ def _not_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (only finite numbers are)")
 
 
+_decode_payload = json.JSONDecoder(parse_constant=_not_json_constant).decode
+"""JSON text to data, refusing NaN and infinities (one decoder, built once)."""
+
+
 def _check_text(value: object, field: str, job_id: str) -> None:
     """A non-empty str a store can keep (valid UTF-8: no lone surrogates)."""
     if not isinstance(value, str) or not value:
@@ -195,7 +199,7 @@ def check_spec(spec: object) -> JobSpec:
     if problem is not None:
         raise InvalidPayload(f"job {job_id!r}: payload {problem}")
     try:
-        json.loads(payload, parse_constant=_not_json_constant)
+        _decode_payload(payload)
     except ValueError as exc:
         raise InvalidPayload(f"job {job_id!r}: payload is not valid JSON text: {exc}") from exc
     except RecursionError as exc:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import queue
@@ -59,10 +60,11 @@ class TurnTimeout(Exception):
     """The write turn was not free within the timeout (another writer holds it)."""
 
 
-def _flock_struct(kind: int, start: int) -> bytes:
+@functools.cache
+def _flock_struct(kind: int, start: int, length: int = 1) -> bytes:
     # struct flock { short l_type, l_whence; off_t l_start, l_len; pid_t l_pid; }
     # (l_pid must be 0 for open-file-description locks); padded to 32 bytes.
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, 1, 0)
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, length, 0)
 
 
 @dataclass(eq=False)
@@ -99,11 +101,11 @@ class WriteTurns:
         self._slow = 0
 
     # -- kernel locks ---------------------------------------------------------
-    def _lock(self, start: int, *, wait: bool) -> bool:
+    def _lock(self, start: int, *, wait: bool, length: int = 1) -> bool:
         if _OFD:
             cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
             try:
-                fcntl.fcntl(self._fd, cmd, _flock_struct(fcntl.F_WRLCK, start))
+                fcntl.fcntl(self._fd, cmd, _flock_struct(fcntl.F_WRLCK, start, length))
             except OSError as exc:
                 if not wait and exc.errno in (errno.EAGAIN, errno.EACCES):
                     return False
@@ -126,6 +128,9 @@ class WriteTurns:
         """Wait for this writer's turn, at most ``timeout`` seconds (:class:`TurnTimeout`)."""
         with self._state:
             fast = self._slow == 0
+        if fast and _OFD and self._lock(_GATE, wait=False, length=2):
+            self._unlock(_GATE)  # gate and turn were both free: the turn is ours
+            return
         if fast:
             if not _OFD:
                 if self._lock(_TURN, wait=False):
