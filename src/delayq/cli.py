@@ -123,12 +123,13 @@ def _echo_json(data: Any) -> None:
 
 # -- time parsing and display ----------------------------------------------------------
 def parse_when(text: str, *, now: float, field: str) -> float:
-    """``now``, ``+10m`` / ``-1h`` (relative), an ISO 8601 time with an offset, or
-    epoch seconds, as epoch seconds."""
+    """``now``, ``+10m`` / ``-1h`` / ``+30`` (relative: a sign always means "from
+    now", a bare number of seconds included), an ISO 8601 time with an offset,
+    or unsigned epoch seconds, as epoch seconds."""
     value = text.strip()
     if value == "now":
         return now
-    if value[:1] in "+-" and value[1:2].isdigit() and not _is_number(value):
+    if value[:1] in "+-" and value[1:2].isdigit():
         try:
             seconds = parse_duration(value[1:])
         except InvalidInput as exc:
@@ -403,7 +404,13 @@ def worker(
 
 # -- producers ---------------------------------------------------------------------------
 def _when_options(fn: F) -> F:
-    fn = click.option("--at", "at", metavar="WHEN", help="Due time: ISO 8601, '+10m', epoch.")(fn)
+    fn = click.option(
+        "--at",
+        "at",
+        metavar="WHEN",
+        help="Due time: 'now', '+30' or '+10m' (from now), ISO 8601 with an offset, or "
+        "epoch seconds.",
+    )(fn)
     fn = click.option("--delay", metavar="DURATION", help="Due after e.g. 30s, 5m, 24h.")(fn)
     return fn
 
