@@ -14,8 +14,9 @@ default prefetch) and reports how long it took from ``Worker.start()`` until
 the last job was recorded as succeeded, plus the CPU seconds it used. The
 memory store cannot be shared between processes, so its child fills its own
 store before the clock starts. ``--repeat N`` runs each store N times and
-shows the best run (the machine is shared: the best is the least disturbed). Target (on the development machine): Redis >=
-10,000 jobs/s, SQLite normal >= 8,000/s, full >= 5,000/s.
+shows the best run (the machine is shared: the best is the least disturbed).
+Targets (on the development machine): Redis >= 10,000 jobs/s, SQLite normal
+>= 8,000/s, full >= 5,000/s.
 
 ``--profile DIR`` runs each child under ``py-spy record`` (when installed) and
 writes a flame graph per store into DIR.

@@ -11,7 +11,8 @@ clock: a claim whose lease already ran out (the process was paused: SIGSTOP,
 a long GC, a frozen VM) is handed back unstarted instead of being run after
 another worker may have run it.
 
-A handler running past its timeout counts as failed at once (retried by the
+A handler running past its timeout counts as failed at once (a watcher
+thread sleeps until the earliest deadline) (retried by the
 job's backoff, dead-lettered on its last attempt): an async handler is
 cancelled; a sync one cannot be interrupted, so its thread is left to it and a
 new thread takes its place (the slot is free again), and its result, if it
@@ -31,6 +32,7 @@ import functools
 import inspect
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Awaitable
 from typing import Any
@@ -127,6 +129,11 @@ class Runner:
         self._loop_lock = threading.Lock()
         self._thread_ids = itertools.count()
         self._threads: set[threading.Thread] = set()
+        # The timeout watcher (started with the first handler that has a timeout)
+        # sleeps until the earliest deadline; guarded by the table's lock.
+        self._timeouts_changed = threading.Condition(table.lock)
+        self._watching_until = math.inf
+        self._watcher: threading.Thread | None = None
 
     # -- threads --------------------------------------------------------------------------
     def start(self, threads: int) -> None:
@@ -162,6 +169,8 @@ class Runner:
 
     def shutdown(self) -> None:
         self._table.close()
+        with self._table.lock:
+            self._timeouts_changed.notify_all()
         with self._loop_lock:
             if self._loop is not None:
                 self._loop.shutdown()
@@ -212,8 +221,9 @@ class Runner:
             returning = table.stopping or expired
             if not returning and decision is None:
                 rec.started = True
+                rec.is_async = handler is not None and handler.is_async
                 if timeout is not None:
-                    rec.timeout_at = mono + timeout
+                    self._watch_locked(rec, mono + timeout)
         if returning:
             if expired and not table.stopping:
                 log.warning(
@@ -297,8 +307,48 @@ class Runner:
         self._finish(rec, exc, duration)
 
     # -- timeouts -------------------------------------------------------------------------
+    def _watch_locked(self, rec: InFlight, deadline: float) -> None:
+        """Give ``rec`` a timeout deadline; wake (or start) the watcher if it is the earliest."""
+        rec.timeout_at = deadline
+        if deadline < self._watching_until:
+            self._timeouts_changed.notify()
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=self._watch_timeouts, name=f"{self._name}-timeouts", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch_timeouts(self) -> None:
+        """The timeout watcher's loop: sleep until the earliest handler deadline, expire."""
+        table = self._table
+        clock = self._clock
+        while True:
+            with table.lock:
+                while True:
+                    if table.closed:
+                        return
+                    deadline = min(
+                        (
+                            r.timeout_at
+                            for r in table.records.values()
+                            if not r.done and not r.abandoned
+                        ),
+                        default=math.inf,
+                    )
+                    if deadline <= clock.monotonic():
+                        break
+                    self._watching_until = deadline
+                    clock.wait_until(
+                        self._timeouts_changed, None if deadline == math.inf else deadline
+                    )
+                self._watching_until = math.inf
+            try:
+                self.expire_timeouts()
+            except Exception:
+                log.exception("delayq worker: unexpected error while expiring handler timeouts")
+
     def expire_timeouts(self) -> None:
-        """Fail every running handler past its timeout (the dispatcher calls this)."""
+        """Fail every running handler past its timeout (the watcher calls this)."""
         table = self._table
         now = self._clock.monotonic()
         with table.lock:
@@ -331,8 +381,11 @@ class Runner:
                 claim.attempt,
                 "retried" if decision.outcome == "retried" else "dead-lettered",
             )
-            if rec.cancel is not None:
-                rec.cancel()
+            with self._table.lock:
+                is_async, cancel = rec.is_async, rec.cancel
+            if is_async:
+                if cancel is not None:  # else _start_async cancels it as it starts
+                    cancel()
             else:
                 self._spawn()  # the stuck thread is left to its handler
 
@@ -390,7 +443,11 @@ class Runner:
             self._finish(rec, exc, clock.monotonic() - started)
             return
         with self._table.lock:
+            rec.is_async = True
             rec.cancel = future.cancel
+            timed_out = rec.done  # its timeout passed while it was being started
+        if timed_out:
+            future.cancel()
 
         def done(f: concurrent.futures.Future[BaseException | None]) -> None:
             # Runs on the loop thread: hand the store calls to a handler thread.
