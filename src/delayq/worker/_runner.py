@@ -204,14 +204,17 @@ class Runner:
         clock = self._clock
         handler = self._app.get_handler(job.name)
         mono = clock.monotonic()
-        decision = decide(
-            claim,
-            claim.claimed_at + (mono - rec.mono_claimed),  # "now" on the store's clock
-            ran=False,
-            handler_known=handler is not None,
-            registered=tuple(self._app.handlers) if handler is None else (),
-            unknown_grace=self._unknown_grace,
-        )
+        if handler is not None and job.misfire == "run":
+            decision = None  # the common case: nothing stops it from running
+        else:
+            decision = decide(
+                claim,
+                claim.claimed_at + (mono - rec.mono_claimed),  # "now" on the store's clock
+                ran=False,
+                handler_known=handler is not None,
+                registered=tuple(self._app.handlers) if handler is None else (),
+                unknown_grace=self._unknown_grace,
+            )
         timeout = None
         if handler is not None:
             timeout = handler.timeout if handler.timeout is not None else self._timeout
