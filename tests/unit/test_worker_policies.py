@@ -14,7 +14,7 @@ from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import BackendUnavailable, InvalidOption, StaleClaim
 from delayq.job import Claim, JobState
-from delayq.worker import JobResult
+from delayq.worker import JobResult, Worker
 from tests._util import wait_until
 from tests.unit._worker_harness import T0, TIMEOUT, Harness
 
@@ -214,8 +214,6 @@ def test_a_bad_timeout_is_rejected_where_it_is_given(h: Harness, bad: Any) -> No
         h.app.register("x", lambda p: None, timeout=bad)
     with pytest.raises(InvalidOption, match="timeout"):
         h.app.handler("y", timeout=bad)
-    from delayq.worker import Worker  # noqa: PLC0415
-
     with pytest.raises(InvalidOption, match="timeout"):
         Worker(h.app, timeout=bad)
 
@@ -306,3 +304,50 @@ def test_when_the_final_bury_fails_the_real_error_still_reaches_the_dead_letter(
         assert worker.stats().errors == 1
     finally:
         h.stop()
+
+
+# -- one round trip for recording and claiming ------------------------------------------
+class _OneTrip(MemoryBackend):
+    """A store with its own complete_and_claim (records the limits it was asked for)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.combined: list[int] = []
+        self.plain_claims = 0
+
+    def claim(self, **kwargs: Any) -> list[Claim]:
+        self.plain_claims += 1
+        return super().claim(**kwargs)
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        self.combined.append(limit)
+        answers = super().complete(batch)
+        return answers, (MemoryBackend.claim(self, limit=limit, lease=lease) if limit else [])
+
+
+def test_under_a_backlog_results_are_recorded_and_slots_refilled_in_one_call() -> None:
+    h = Harness(_OneTrip, concurrency=4, prefetch=4)
+    backend = h.backend
+    assert isinstance(backend, _OneTrip)
+    h.app.register("x", lambda p: None)
+    for i in range(200):
+        h.app.schedule("x", i, delay=0)
+    try:
+        worker = h.start()
+        assert sorted(h.next_result().outcome for _ in range(200)) == ["succeeded"] * 200
+        assert h.app.stats().succeeded == 200
+        assert backend.combined and all(limit >= 2 for limit in backend.combined)
+        # Most claims rode along with a commit.
+        assert sum(backend.combined) > 100 and backend.plain_claims < len(backend.combined)
+        assert worker.stats().in_flight == 0
+    finally:
+        h.stop()
+
+
+def test_a_store_with_the_default_complete_and_claim_is_claimed_by_the_dispatcher() -> None:
+    h = Harness(concurrency=4, prefetch=4)
+    assert h.backend.complete_and_claim  # the default two-call version from _common
+    worker = Worker(h.app, **h.options)
+    assert not worker._committer.combines
