@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import inspect
 import itertools
@@ -42,62 +41,11 @@ from delayq.clock import Clock
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, decide, format_error, timeout_error
 from delayq.worker._inflight import InFlight, InFlightTable
+from delayq.worker._loop import Cancelled, EventLoopThread
 
 __all__ = ["Runner"]
 
 log = logging.getLogger("delayq.worker")
-
-
-class _Cancelled(Exception):
-    """Recorded as the error of an async handler that was cancelled (not by shutdown)."""
-
-
-class _Loop:
-    """An asyncio event loop on its own daemon thread, for async handlers.
-
-    Handler code must not end the loop: when ``run_forever`` returns or raises
-    before :meth:`shutdown` (a handler called ``loop.stop()``, or a callback let
-    a ``SystemExit`` escape), the loop is logged and run again, so the tasks on
-    it still finish and report. ``_closing`` is only touched on the loop thread.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            while True:
-                try:
-                    self.loop.run_forever()
-                except BaseException:
-                    log.exception("delayq worker: an error escaped the asyncio loop")
-                    if self._closing:
-                        return
-                    continue
-                if self._closing:
-                    return
-                log.warning("delayq worker: a handler stopped the asyncio loop; it goes on")
-        finally:
-            self.loop.close()
-
-    @property
-    def alive(self) -> bool:
-        """True while the loop accepts work (its thread runs and it is not closed)."""
-        return self._thread.is_alive() and not self.loop.is_closed()
-
-    def shutdown(self) -> None:
-        def cancel_all() -> None:
-            self._closing = True
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_soon(self.loop.stop)
-
-        with contextlib.suppress(RuntimeError):  # already closed
-            self.loop.call_soon_threadsafe(cancel_all)
 
 
 class Runner:
@@ -125,7 +73,7 @@ class Runner:
         self._name = name
         self._timeout = timeout
         self._unknown_grace = unknown_handler_grace
-        self._loop: _Loop | None = None
+        self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
         self._thread_ids = itertools.count()
         self._threads: set[threading.Thread] = set()
@@ -399,7 +347,7 @@ class Runner:
             if self._loop is None or replace or not self._loop.alive:
                 if self._loop is not None:
                     log.warning("delayq worker: the asyncio loop had stopped; starting a new one")
-                self._loop = _Loop(f"{self._name}-asyncio")
+                self._loop = EventLoopThread(f"{self._name}-asyncio")
             return self._loop.loop
 
     def _start_async(
@@ -416,7 +364,7 @@ class Runner:
         Every way the handler can end becomes a recorded result: ``invoke``
         returns the handler's exception, BaseExceptions such as ``SystemExit``
         included (inside a task they would otherwise escape the loop and end it);
-        only a cancellation propagates, recorded as :class:`_Cancelled` unless
+        only a cancellation propagates, recorded as :class:`Cancelled` unless
         the attempt was already decided (a timeout) or abandoned at shutdown.
         """
         clock = self._clock
@@ -459,7 +407,7 @@ class Runner:
                     return  # timed out (already recorded) or cancelled at shutdown
             exc: BaseException | None
             if f.cancelled():
-                exc = _Cancelled("the async handler was cancelled")
+                exc = Cancelled("the async handler was cancelled")
             else:
                 exc = f.exception() or f.result()
             duration = clock.monotonic() - started
