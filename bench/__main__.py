@@ -6,9 +6,9 @@
     python -m bench --quick    # smoke runs
 
 Each module (``inprocess``, ``timers``, ``durable``, ``drain``, ``redis_delayq``,
-``redis_peers``) is imported if it exists and its ``main(argv)`` called with
-the same arguments; a module that is missing is listed as such, one that fails
-does not stop the others. The exit code is the first non-zero one.
+``redis_peers``, ``load``, ``operate``, ``recurring``) is imported if it exists and
+its ``main(argv)`` called with the same arguments; a module that is missing is
+listed as such, one that fails does not stop the others. The exit code is the first non-zero one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-MODULES = ("inprocess", "timers", "durable", "drain", "redis_delayq", "redis_peers")
+MODULES = (
+    "inprocess",
+    "timers",
+    "durable",
+    "drain",
+    "redis_delayq",
+    "redis_peers",
+    "load",
+    "operate",
+    "recurring",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
