@@ -681,6 +681,10 @@ def test_the_worker_as_a_context_manager_starts_and_stops(h: Harness) -> None:
         ("lease", float("nan")),
         ("grace", -1),
         ("idle_wait", "1s"),
+        ("prefetch", -1),
+        ("prefetch", 1.5),
+        ("unknown_handler_grace", -1),
+        ("unknown_handler_grace", float("inf")),
     ],
 )
 def test_bad_worker_options_are_rejected(h: Harness, option: str, value: Any) -> None:
