@@ -38,6 +38,8 @@ WORKER = textwrap.dedent(
         os.write(fd, f"start {ctx.id} {ctx.attempt} {os.getpid()}\\n".encode())
         if hold == "hold":
             threading.Event().wait(600)  # stopped or killed here
+        elif hold.startswith("hold-first:") and ctx.attempt == 1:
+            threading.Event().wait(float(hold.split(":")[1]))
 
     os.write(fd, b"ready\\n")
     Worker(app, concurrency=1, prefetch=3, lease=lease, grace=600).run()
@@ -53,10 +55,13 @@ class Workers:
         self.tmp_path = tmp_path
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, url: str, side: Path, *, lease: float, hold: bool) -> subprocess.Popen[bytes]:
+    def start(
+        self, url: str, side: Path, *, lease: float, hold: bool | str
+    ) -> subprocess.Popen[bytes]:
+        mode = hold if isinstance(hold, str) else "hold" if hold else "run"
         log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, url, str(side), str(lease), "hold" if hold else "run"],
+            [sys.executable, "-c", WORKER, url, str(side), str(lease), mode],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -92,11 +97,13 @@ def states(app: DelayQ, ids: list[str]) -> dict[str, tuple[JobState, int]]:
     return {job_id: (job.state, job.attempts) for job_id, job in jobs.items() if job is not None}
 
 
-def hold_four(url: str, side: Path, workers: Workers, *, lease: float) -> tuple[list[str], str]:
+def hold_four(
+    url: str, side: Path, workers: Workers, *, lease: float, hold: bool | str = True
+) -> tuple[list[str], str]:
     """Schedule six due jobs, start a holding worker; return the ids and the running one."""
     with DelayQ(url) as app:
         ids = [app.schedule("hold", {"n": n}, delay=0, job_id=f"job-{n}") for n in range(6)]
-        workers.start(url, side, lease=lease, hold=True)
+        workers.start(url, side, lease=lease, hold=hold)
         assert wait_until(lambda: any(x.startswith("start ") for x in lines(side)), DEADLINE)
         assert wait_until(lambda: app.stats().running == 4, DEADLINE), workers.logs()
     running = next(x.split()[1] for x in lines(side) if x.startswith("start "))
@@ -146,3 +153,36 @@ def test_sigkill_loses_no_prefetched_job(tmp_path: Path, workers: Workers) -> No
     by_second = {job_id for _, job_id, _, pid in starts if pid == str(second.pid)}
     assert len(by_first) == 1  # the prefetched jobs never started in the killed worker
     assert by_second == set(ids)  # every job ran, the killed one's included
+
+
+def test_a_paused_worker_does_not_start_prefetched_jobs_whose_lease_ran_out(
+    tmp_path: Path, workers: Workers
+) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    side = tmp_path / "runs.txt"
+    lease = 2.0
+    # The first worker's running handler holds its slot for 3 s, then returns.
+    ids, running = hold_four(url, side, workers, lease=lease, hold="hold-first:3")
+    paused = workers.procs[0]
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        second = workers.start(url, side, lease=lease, hold=False)
+        with DelayQ(url) as app:
+
+            def all_done() -> bool:
+                return all(state is JobState.SUCCEEDED for state, _ in states(app, ids).values())
+
+            assert wait_until(all_done, DEADLINE), workers.logs()
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    # Resumed: its handler returns, and the prefetched claims (leases long gone) must
+    # be handed back unstarted, not run a second time.
+    log = tmp_path / "worker-0.log"
+    assert wait_until(lambda: "handing it back unstarted" in log.read_text(), DEADLINE), (
+        workers.logs()
+    )
+    starts = [x.split() for x in lines(side) if x.startswith("start ")]
+    assert [(job_id, pid) for _, job_id, _, pid in starts if pid == str(paused.pid)] == [
+        (running, str(paused.pid))
+    ]
+    assert {job_id for _, job_id, _, pid in starts if pid == str(second.pid)} == set(ids)
