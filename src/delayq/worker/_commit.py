@@ -114,9 +114,7 @@ class GroupCommitter:
                 return False
             rec.done = True
             if handler_slot:
-                room_before = table.room_locked()
                 table.running -= 1
-                table.slot_freed_locked(room_before)
                 # A ready claim may start now. A handler thread that only appends
                 # below comes back for it itself; wake another when this one
                 # is about to commit (or is not a handler thread: a timeout).

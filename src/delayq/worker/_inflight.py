@@ -63,13 +63,12 @@ class InFlightTable:
     store call, no user callback.
     """
 
-    def __init__(self, *, concurrency: int, prefetch: int, gather: int, grace: float) -> None:
+    def __init__(self, *, concurrency: int, prefetch: int, grace: float) -> None:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.work = threading.Condition(self.lock)
         self.concurrency = concurrency
         self.prefetch = prefetch
-        self.gather = gather  # a dispatcher under backlog waits for this many free slots
         self.records: dict[int, InFlight] = {}
         self.ready: deque[InFlight] = deque()  # claimed, not started (oldest first)
         self.tasks: deque[Callable[[], None]] = deque()  # small jobs for handler threads
@@ -85,25 +84,10 @@ class InFlightTable:
 
     # -- claims ---------------------------------------------------------------------------
     def room_locked(self) -> int:
-        """How many more claims the worker may take now: free slots, plus the
-        prefetch while a backlog exists.
-
-        A claim whose handler finished no longer takes a slot while its result
-        waits for the group commit, so the next claim overlaps that commit's
-        round trip; such claims are bounded all the same (the worker holds at
-        most twice its capacity), so a store refusing commits stops the claims.
-        """
+        """How many more claims the worker may hold now: free slots, plus the
+        prefetch while a backlog exists."""
         capacity = self.concurrency + (self.prefetch if self.backlog else 0)
-        active = len(self.ready) + self.running
-        return min(capacity - active, 2 * capacity - len(self.records))
-
-    def slot_freed_locked(self, room_before: int) -> None:
-        """Wake the dispatcher if freeing a slot crossed a threshold it waits for
-        (one free slot, or ``gather`` of them): not after every job, which would
-        cost a thread switch per job."""
-        room = self.room_locked()
-        if room_before < 1 <= room or room_before < self.gather <= room:
-            self.changed.notify_all()
+        return capacity - len(self.records)
 
     def add_claims_locked(
         self, claims: Sequence[Claim], mono_sent: float, lease: float, *, full: bool

@@ -96,7 +96,7 @@ class Worker:
         self.name = name
         gather = max(1, min(self.batch, self.concurrency) // 2)
         self._table = InFlightTable(
-            concurrency=self.concurrency, prefetch=self.prefetch, gather=gather, grace=self.grace
+            concurrency=self.concurrency, prefetch=self.prefetch, grace=self.grace
         )
         self._committer = GroupCommitter(
             self._table,
