@@ -321,6 +321,23 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 @click.option("--batch", type=int, default=None, help="Most jobs per claim (default concurrency).")
 @click.option("--grace", default="30s", show_default=True, help="Time to finish on stop.")
 @click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Jobs claimed ahead of free slots under a backlog (default concurrency / 2).",
+)
+@click.option(
+    "--timeout",
+    default=None,
+    help="Longest run of one attempt, e.g. '5m', for handlers without their own timeout.",
+)
+@click.option(
+    "--unknown-handler-grace",
+    default="5m",
+    show_default=True,
+    help="How long jobs naming an unknown handler are retried before they are dead-lettered.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -340,6 +357,9 @@ def worker(
     lease: str,
     batch: int | None,
     grace: str,
+    prefetch: int | None,
+    timeout: str | None,
+    unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
@@ -366,6 +386,9 @@ def worker(
             lease=_duration(lease, "--lease"),
             batch=batch,
             grace=_duration(grace, "--grace"),
+            prefetch=prefetch,
+            timeout=None if timeout is None else _duration(timeout, "--timeout"),
+            unknown_handler_grace=_duration(unknown_handler_grace, "--unknown-handler-grace"),
             on_result=ops.on_result,
         )
     restore_logging = _setup_logging(log_level, log_format)
