@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right as _bisect
 import sys
 import threading
+from bisect import bisect_right as _bisect
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
