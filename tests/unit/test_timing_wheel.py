@@ -20,8 +20,8 @@ from delayq import (
     TimerHandle,
     TimingWheel,
 )
-from delayq.timers.base import COMPACT_MIN
 from delayq.testing import FakeClock
+from delayq.timers.base import COMPACT_MIN
 from tests._util import wait_until
 
 
