@@ -605,8 +605,9 @@ class HierarchicalWheel:
         1 ms ticks a 400 ms level-2 bucket holds 8,000 tasks at 20,000 timers
         per second, several milliseconds of work during which nothing else
         fires. A driver calls this instead while it would otherwise sleep:
-        once the current tick is within one bucket width of a big bucket's
-        expiration (``early_cascade`` tasks or more), its tasks are linked into
+        once the current tick is within one bucket width (at most
+        ``wheel_size**2`` ticks) of a big bucket's expiration
+        (``early_cascade`` tasks or more), its tasks are moved to
         the buckets of the level below that they would reach at expiration
         (buckets are absolute ticks, and that level's ring has room for one
         more turn). At most ``max_tasks`` move per call, so the caller can
