@@ -19,14 +19,17 @@ Peers, all measured in the same run on the same inputs, rounds interleaved:
 
 Columns:
 
-* put_after+take, 1 thread: N values put with delay 0, then N taken, items/s
-  (wall clock), at N = 10k, 200k and 1M (so N pending at the peak; 10k is
-  repeated 20 times per round); the median of interleaved rounds (5, or 3 at
-  1M). ``sched`` and ``call_later`` enter N and run them;
+* put_after+take, 1 thread: N values put with delay 0, then N taken, items
+  per CPU second of the calling thread (``time.thread_time``: on a shared,
+  loaded machine wall time mostly measures the neighbours), at N = 10k, 200k
+  and 1M (so N pending at the peak; 10k is repeated 20 times per round); the
+  median of interleaved rounds (5, or 3 at 1M). ``sched`` and ``call_later``
+  enter N and run them;
 * put_at+poll, 1 thread, N = 200k: deadlines already passed, then ``poll()``
-  N times (``get_nowait`` / the same loop for the floor);
+  N times (``get_nowait`` / the same loop for the floor), per CPU second;
 * put_after+take, 4P+4C, N = 200k: 4 producer threads put N/4 each while 4
-  consumers take (tasks instead of threads for ``AsyncDelayQueue``);
+  consumers take (tasks instead of threads for ``AsyncDelayQueue``), items per
+  wall-clock second (hand-offs between threads are the point here);
 * lateness p50/p99/max: 100,000 items due uniformly over 5 s (starting 1 s
   after the first put), 4 consumers; lateness = time the consumer got the item
   minus its deadline, in milliseconds.
@@ -58,6 +61,7 @@ from delayq import AsyncDelayQueue, DelayQueue, QueueClosed
 
 monotonic = time.monotonic
 perf_counter = time.perf_counter
+thread_cpu = time.thread_time  # one-thread columns: CPU seconds of the calling thread
 
 PRODUCERS = 4
 CONSUMERS = 4
@@ -209,24 +213,24 @@ ThreadQueue = BareHeap | SleepingPriorityQueue | DelayQueueAdapter
 def thread_put_after_take(make: Callable[[], ThreadQueue], n: int) -> float:
     q = make()
     put_after, take = q.put_after, q.take
-    start = perf_counter()
+    start = thread_cpu()
     for value in range(n):
         put_after(value, 0)
     for _ in range(n):
         take()
-    return n / (perf_counter() - start)
+    return n / (thread_cpu() - start)
 
 
 def thread_put_at_poll(make: Callable[[], ThreadQueue], n: int) -> float:
     q = make()
     put_at, poll = q.put_at, q.poll
     due = monotonic() - 1.0
-    start = perf_counter()
+    start = thread_cpu()
     for value in range(n):
         put_at(value, due)
     for _ in range(n):
         poll()
-    return n / (perf_counter() - start)
+    return n / (thread_cpu() - start)
 
 
 def thread_4x4(make: Callable[[], ThreadQueue], n: int) -> float:
@@ -295,11 +299,11 @@ def _noop() -> None:
 def sched_put_take(n: int) -> float:
     s = sched.scheduler(monotonic, time.sleep)
     enter = s.enter
-    start = perf_counter()
+    start = thread_cpu()
     for _ in range(n):
         enter(0, 0, _noop)
     s.run()
-    return n / (perf_counter() - start)
+    return n / (thread_cpu() - start)
 
 
 def sched_lateness(deadlines: list[float]) -> list[float]:
@@ -324,12 +328,12 @@ def call_later_put_take(n: int) -> float:
             if count[0] == n:
                 done.set_result(None)
 
-        start = perf_counter()
+        start = thread_cpu()
         call_later = loop.call_later
         for _ in range(n):
             call_later(0, tick)
         await done
-        return n / (perf_counter() - start)
+        return n / (thread_cpu() - start)
 
     return asyncio.run(body())
 
@@ -358,12 +362,12 @@ def async_put_after_take(n: int) -> float:
     async def body() -> float:
         q: AsyncDelayQueue[object] = AsyncDelayQueue()
         put_after, take = q.put_after, q.take
-        start = perf_counter()
+        start = thread_cpu()
         for value in range(n):
             put_after(value, 0)
         for _ in range(n):
             await take()
-        return n / (perf_counter() - start)
+        return n / (thread_cpu() - start)
 
     return asyncio.run(body())
 
@@ -373,12 +377,12 @@ def async_put_at_poll(n: int) -> float:
         q: AsyncDelayQueue[object] = AsyncDelayQueue()
         put_at, poll = q.put_at, q.poll
         due = monotonic() - 1.0
-        start = perf_counter()
+        start = thread_cpu()
         for value in range(n):
             put_at(value, due)
         for _ in range(n):
             poll()
-        return n / (perf_counter() - start)
+        return n / (thread_cpu() - start)
 
     return asyncio.run(body())
 
@@ -558,7 +562,8 @@ def render(rows: list[Row], cfg: Config, load: tuple[float, float]) -> str:
     sizes = cfg.sizes
     lines = [
         f"Machine: {machine(load)}",
-        f"items/s (wall clock), median of {cfg.repeats} interleaved rounds (3 at 1M); "
+        f"items/s: 1 thread per CPU second of that thread, 4P+4C per wall-clock second; "
+        f"median of {cfg.repeats} interleaved rounds (3 at 1M); "
         f"put_at+poll and 4P+4C: {cfg.other_items:,} items; lateness: "
         f"{cfg.lateness_items:,} items due uniformly over {cfg.lateness_span:g} s, "
         f"{CONSUMERS} consumers",
