@@ -354,7 +354,9 @@ class DelayQueue(Generic[T]):
         heap = self._heap
         monotonic = self._monotonic
         if timeout is None or (timeout.__class__ in (int, float) and timeout <= 0):
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # in try/finally: about 100 ns cheaper than ``with``
+            try:
                 if heap and heap[0][0] <= monotonic():
                     entry = _heappop(heap)
                     if self._waiting and heap and self._leader is None:
@@ -365,6 +367,8 @@ class DelayQueue(Generic[T]):
                 if self._closed:
                     raise QueueClosed("DelayQueue is closed and no item is due")
                 return None
+            finally:
+                lock.release()
         seconds = check_seconds(timeout, "timeout")
         wait = self._wait
         wait_until = self._wait_until
