@@ -237,7 +237,10 @@ class DelayQueue(Generic[T]):
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
             delay = check_seconds(delay, "delay")
-        deadline = self._monotonic() + delay
+        try:
+            deadline = self._monotonic() + delay
+        except OverflowError:  # an int past float's range: check_seconds says so
+            deadline = self._monotonic() + check_seconds(delay, "delay")
         item: DelayedItem[V] = _new_item(DelayedItem, (value, deadline))
         lock = self._lock
         lock.acquire()
@@ -562,7 +565,10 @@ class AsyncDelayQueue(Generic[T]):
             delay = check_seconds(delay, "delay")
         if self._closed:
             raise QueueClosed("cannot put into a closed AsyncDelayQueue")
-        deadline = self._monotonic() + delay
+        try:
+            deadline = self._monotonic() + delay
+        except OverflowError:  # an int past float's range: check_seconds says so
+            deadline = self._monotonic() + check_seconds(delay, "delay")
         item: DelayedItem[V] = _new_item(DelayedItem, (value, deadline))
         heap = self._heap
         entry = (deadline, next(self._seq), value, None)

@@ -227,7 +227,10 @@ class HashedWheel:
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
             delay = check_seconds(delay, "delay")
-        deadline = self._monotonic() + delay
+        try:
+            deadline = self._monotonic() + delay
+        except OverflowError:  # an int past float's range: check_seconds says so
+            deadline = self._monotonic() + check_seconds(delay, "delay")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
