@@ -25,6 +25,11 @@ expiration, so the heap holds at most one entry per bucket.
 Times inside the core are integer ticks counted from ``start``: a task's tick
 is the first boundary at or after its deadline (it never fires early), and
 ``advance(now)`` processes every bucket whose expiration is ``<= now``.
+
+This module is long on purpose: the core's schedule path is written out twice
+(``schedule_at`` and the timer's ``schedule_after``) so that each call is one
+Python frame, and the core, its levels and buckets, and the thin timer around
+them change together.
 """
 
 from __future__ import annotations
