@@ -5,8 +5,8 @@
     python -m bench            # full runs
     python -m bench --quick    # smoke runs
 
-Each module (``inprocess``, ``timers``, ``durable``, ``redis_delayq``, ``operate``,
-``redis_peers``) is imported if it exists and its ``main(argv)`` called with
+Each module (``inprocess``, ``timers``, ``durable``, ``drain``, ``redis_delayq``,
+``redis_peers``, ``load``, ``operate``) is imported if it exists and its ``main(argv)`` called with
 the same arguments; a module that is missing is listed as such, one that fails
 does not stop the others. The exit code is the first non-zero one.
 """
@@ -18,7 +18,16 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-MODULES = ("inprocess", "timers", "durable", "redis_delayq", "redis_peers", "operate")
+MODULES = (
+    "inprocess",
+    "timers",
+    "durable",
+    "drain",
+    "redis_delayq",
+    "redis_peers",
+    "load",
+    "operate",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

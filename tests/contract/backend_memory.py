@@ -21,4 +21,4 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(name="memory", open=_open, features=frozenset({"clock"}))
+FACTORY = BackendFactory(name="memory", open=_open, features=MemoryBackend.features)

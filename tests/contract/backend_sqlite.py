@@ -22,6 +22,4 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(
-    name="sqlite", open=_open, features=frozenset({"clock", "shared", "durable"})
-)
+FACTORY = BackendFactory(name="sqlite", open=_open, features=SQLiteBackend.features)
