@@ -29,8 +29,10 @@ from delayq.errors import (
     QueueFull,
     StaleClaim,
     UnknownHandler,
+    Unsupported,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.recurring import MissedRuns, Schedule
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
@@ -72,6 +74,7 @@ __all__ = [
     "JobResult",
     "JobState",
     "Misfire",
+    "MissedRuns",
     "MissingDependency",
     "PayloadTooLarge",
     "QueueClosed",
@@ -79,6 +82,7 @@ __all__ = [
     "RescheduleOutcome",
     "RetryQueue",
     "SYSTEM_CLOCK",
+    "Schedule",
     "ScheduleBackoff",
     "StaleClaim",
     "SystemClock",
@@ -86,6 +90,7 @@ __all__ = [
     "TimerHandle",
     "TimingWheel",
     "UnknownHandler",
+    "Unsupported",
     "Worker",
     "WorkerStats",
 ]

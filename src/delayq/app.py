@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
+from delayq.recurring import TICK_HANDLER, Schedule
+from delayq.recurring_manager import RecurringSchedules
 
 __all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext", "ProducerHook"]
 
@@ -321,6 +324,9 @@ class DelayQ:
     are stored with the job, so a worker always uses the policy the job was
     scheduled with.
 
+    ``rng`` draws the jitter of recurring schedules' occurrences (pass a seeded
+    ``random.Random`` to make it exact in tests); see :meth:`recurring`.
+
     Thread-safe: ``_lock`` guards ``_handlers`` (registration); everything else
     is immutable after construction or delegated to the thread-safe backend.
     """
@@ -335,6 +341,7 @@ class DelayQ:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: BackoffArg = None,
         misfire: MisfireArg = "run",
+        rng: random.Random | None = None,
         **backend_options: Any,
     ) -> None:
         if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
@@ -375,6 +382,7 @@ class DelayQ:
                 ) from exc
             self._owns_backend = True
         self._closed = False
+        self._recurring = RecurringSchedules(self, rng=rng)
 
     # -- handlers -----------------------------------------------------------
     def handler(
@@ -419,6 +427,8 @@ class DelayQ:
         _check_name(name)
         if timeout is not None:
             timeout = check_option_seconds(timeout, "timeout")
+        if name == TICK_HANDLER:
+            raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
             raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
         entry = Handler(
@@ -445,7 +455,10 @@ class DelayQ:
     def get_handler(self, name: str) -> Handler | None:
         """The handler registered under ``name``, or None."""
         with self._lock:
-            return self._handlers.get(name)
+            found = self._handlers.get(name)
+        if found is None and name == TICK_HANDLER:  # built in: recurring schedules' ticks
+            return self._recurring_tick
+        return found
 
     # -- producers ----------------------------------------------------------
     def schedule(
@@ -460,6 +473,7 @@ class DelayQ:
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        connection: object = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -484,6 +498,10 @@ class DelayQ:
         skips only jobs later than that, which is the way to skip what piled up
         while no worker ran without dropping jobs that merely waited in a queue.
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
+
+        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
+        ``Connection`` / ``Session``) writes the job inside that connection's
+        transaction: it exists if and only if the caller's transaction commits.
         """
         policy = check_on_conflict(on_conflict)
         spec = self.build(
@@ -496,8 +514,8 @@ class DelayQ:
             backoff=backoff,
             misfire=misfire,
         )
-        if self._hooks:
-            return self._store([spec], policy)[0][0].id
+        if self._hooks or connection is not None:
+            return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
 
@@ -566,13 +584,24 @@ class DelayQ:
             self._hooks = (*self._hooks, hook)
 
     def _store(
-        self, specs: list[JobSpec], policy: OnConflict
+        self, specs: list[JobSpec], policy: OnConflict, connection: Any = None
     ) -> tuple[list[JobSpec], list[EnqueueOutcome]]:
-        """Enqueue ``specs`` through the hooks; the specs stored and their outcomes."""
+        """Enqueue ``specs`` through the hooks (in the caller's transaction when
+        ``connection`` is given); the specs stored and their outcomes."""
         hooks = self._hooks
         for hook in hooks:
             specs = hook.before_enqueue(specs)
-        outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        if connection is None:
+            outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        elif "transactional_enqueue" in getattr(self._backend, "features", ()):
+            outcomes = self._backend.enqueue(  # type: ignore[call-arg]
+                specs, on_conflict=policy, connection=connection
+            )
+        else:
+            raise InvalidOption(
+                f"connection= joins a database transaction; {self._backend.url} cannot "
+                f"(only stores with the 'transactional_enqueue' feature, like postgresql://)"
+            )
         for hook in hooks:
             try:
                 hook.after_enqueue(specs, outcomes)
@@ -630,6 +659,80 @@ class DelayQ:
         if at is None:  # relative: due on the store's clock
             return self._backend.reschedule(job_id, delay=run_at - now)
         return self._backend.reschedule(job_id, run_at)
+
+    # -- recurring schedules -------------------------------------------------
+    def recurring(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        handler: str | None = None,
+        start: WhenArg | None = None,
+        end: WhenArg | None = None,
+        jitter: float | timedelta = 0,
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: str = "latest",
+    ) -> Schedule:
+        """Store a recurring schedule (or change the stored one to this definition).
+
+        Give exactly one of ``cron`` (a cron expression, evaluated in ``tz``, a
+        ``zoneinfo`` name) or ``every`` (seconds or a ``timedelta``, at least 1
+        s). Each occurrence runs handler ``handler`` (default: ``name``) with
+        ``payload`` as an ordinary job with id ``<name>@<UTC time>`` and the job
+        options ``max_attempts`` / ``backoff``; ``jitter`` delays each one by a
+        random 0..jitter seconds. ``start`` / ``end`` bound the occurrences.
+        ``misfire`` decides what runs after downtime: ``"latest"`` (the latest
+        missed occurrence, once), ``"skip"`` (none) or ``"catchup:N"`` (the last
+        N). Calling it again with the same definition changes nothing (call it
+        at every start-up); a paused schedule stays paused. Needs a store with
+        the ``recurring`` feature. See :mod:`delayq.recurring`.
+        """
+        return self._recurring.add(
+            name,
+            cron=cron,
+            every=every,
+            tz=tz,
+            payload=payload,
+            handler=handler,
+            start=start,
+            end=end,
+            jitter=jitter,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            misfire=misfire,
+        )
+
+    def recurring_schedules(self) -> list[Schedule]:
+        """Every stored schedule, by name (``schedule.next_run(now)`` says when next)."""
+        return self._recurring.list_schedules()
+
+    def get_recurring(self, name: str) -> Schedule | None:
+        """The stored schedule named ``name``, or None."""
+        return self._recurring.get(name)
+
+    def update_recurring(self, name: str, **changes: Any) -> Schedule:
+        """Change some of a stored schedule's fields (``recurring``'s arguments)."""
+        return self._recurring.update(name, **changes)
+
+    def pause_recurring(self, name: str) -> bool:
+        """Stop a schedule's occurrences until resumed; False when there is none."""
+        return self._recurring.pause(name)
+
+    def resume_recurring(self, name: str) -> bool:
+        """Resume from the next occurrence (none of the paused ones); False when none."""
+        return self._recurring.resume(name)
+
+    def remove_recurring(self, name: str) -> bool:
+        """Delete a schedule: no later occurrence starts; False when there was none."""
+        return self._recurring.remove(name)
+
+    @functools.cached_property
+    def _recurring_tick(self) -> Handler:
+        return Handler(TICK_HANDLER, self._recurring.run_tick, is_async=False, takes_context=True)
 
     # -- inspection and dead letters ----------------------------------------
     def get(self, job_id: str) -> Job | None:

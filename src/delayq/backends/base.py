@@ -75,7 +75,7 @@ from delayq.job import (
     Stats,
 )
 
-__all__ = ["FEATURES", "Backend", "Completion"]
+__all__ = ["FEATURES", "Backend", "Completion", "ScheduleRecord", "ScheduleStore"]
 
 FEATURES: dict[str, str] = {
     "clock": "takes clock= and uses it for every time not passed as now= (tests)",
@@ -373,4 +373,43 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections and files. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A stored recurring schedule: its name, its definition (JSON text, read by
+    :mod:`delayq.recurring`; the store never looks inside) and its version (1 when
+    created, one more on every write), for compare-and-set edits."""
+
+    name: str
+    data: str
+    version: int
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """The optional store capability behind recurring jobs (feature ``recurring``).
+
+    A store that declares ``recurring`` in ``features`` keeps schedule records
+    next to its jobs (same file, same Redis hash tag), so they survive restarts
+    and every process sees every edit. Writes are compare-and-set on the
+    record's version, so two editors never silently overwrite each other.
+    """
+
+    def put_schedule(self, name: str, data: str, *, version: int) -> int | None:
+        """Store ``data`` under ``name`` if the stored version is ``version`` (0: no
+        record yet). Returns the new version, or None (nothing written) on a mismatch."""
+        ...
+
+    def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The record stored under ``name``, or None."""
+        ...
+
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every record, by name."""
+        ...
+
+    def delete_schedule(self, name: str, *, version: int | None = None) -> bool:
+        """Delete the record (only at ``version`` when given); False when nothing was deleted."""
         ...

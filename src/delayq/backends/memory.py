@@ -36,6 +36,7 @@ from delayq.backends._common import (
     stale_claim,
     undecodable_error,
 )
+from delayq.backends._schedules import MemorySchedules
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
@@ -99,7 +100,7 @@ class _Record:
         )
 
 
-class MemoryBackend(CompletesInBatches):
+class MemoryBackend(MemorySchedules, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -120,7 +121,9 @@ class MemoryBackend(CompletesInBatches):
     ``version`` (or token) still matches the record.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({"clock", "definite_cancel", "inspect"})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "definite_cancel", "inspect", "recurring"}
+    )
 
     def __init__(
         self,

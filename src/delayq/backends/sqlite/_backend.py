@@ -32,6 +32,7 @@ from delayq.backends._common import (
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
+from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
@@ -94,7 +95,7 @@ def _follower_error(exc: BaseException) -> BaseException:
     return BackendError(f"enqueue failed in the group commit it joined: {exc!r}")
 
 
-class SQLiteBackend(CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -123,7 +124,7 @@ class SQLiteBackend(CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
