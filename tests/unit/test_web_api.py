@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
+from delayq.errors import Unsupported
 from delayq.job import Job, JobState
 from delayq.metrics import LatenessSeries, Metrics
 from delayq.web import create_app, views
@@ -339,3 +340,17 @@ def test_page_forms_reschedule_requeue_and_purge_with_the_csrf_value(
     assert purged.status_code == 200 and "purged 1 dead job(s)" in purged.text
     assert client.post("/dead/purge", data={"csrf": csrf}).status_code == 400
     assert client.post("/dead/purge", data={"id": "d1"}).status_code == 403
+
+
+def test_a_store_that_cannot_list_says_so_with_501(monkeypatch: pytest.MonkeyPatch) -> None:
+    with DelayQ("memory://") as app:
+
+        def cannot(*args: object, **kwargs: object) -> None:
+            raise Unsupported("this store keeps no record of a job outside its message")
+
+        monkeypatch.setattr(app, "stats", cannot)
+        with TestClient(create_app(app, token=TOKEN)) as client:
+            page = client.get("/")
+            api = client.get("/api/overview")
+    assert page.status_code == 501 and "keeps no record" in page.text
+    assert api.status_code == 501 and "keeps no record" in api.json()["error"]
