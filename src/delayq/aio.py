@@ -11,10 +11,13 @@ Every method has the name, arguments, validation, errors and outcomes of the
 :class:`~delayq.app.DelayQ` method of the same name, because it IS that method:
 the call runs in a worker thread (``asyncio.to_thread``, which carries the
 caller's context variables, e.g. a trace context, along). None of delayq's
-stores has an asyncio client today (the SQLite module is synchronous, and the
-Redis store's Lua scripts and wake-ups are written against redis-py's sync
-client), so a thread is the honest way not to block the loop; one thread per
-call in flight, from the loop's default executor.
+stores has an asyncio client today (the SQLite module is synchronous; the Redis
+store's Lua scripts and wake-ups are written against redis-py's sync client, the
+PostgreSQL store against psycopg's sync pool, the RabbitMQ store against pika),
+so a thread is the honest way not to block the loop; one thread per call in
+flight, from the loop's default executor. ``schedule(connection=)`` (joining
+a caller's sync database transaction) has no async twin: an asyncio app holds
+an async connection, which a sync store cannot join.
 
 Handlers keep being registered on the :class:`DelayQ` (``aq.app``); async
 handlers run on the worker's event loop, as before.

@@ -345,6 +345,7 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
@@ -363,6 +364,7 @@ def worker(
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    web_port: int | None,
     log_format: str,
 ) -> None:
     """Run the handlers of the DelayQ app TARGET ('package.module:app').
@@ -379,6 +381,7 @@ def worker(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             log_format="json" if log_format == "json" else "text",
+            web_port=web_port,
         )
         w = Worker(
             app,

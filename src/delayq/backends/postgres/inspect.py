@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from delayq.backends._common import check_limit, check_run_at, readable_json
+from delayq.backends._common import check_limit, check_run_at, filtered_page, readable_json
 from delayq.backends.postgres.sql import Statements
 from delayq.codec import decode_payload
 from delayq.job import Job, JobState, Stats
@@ -67,11 +67,25 @@ class Inspection:
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
 
         One index range per state, merged here: ``limit`` rows read per state at most.
+        A ``name`` filter or an ``after`` cursor walks that listing from the cursor's
+        due time (``_common.filtered_page``).
         """
+        if name is not None or after is not None:
+            return filtered_page(
+                lambda start, n: Inspection.list_jobs(
+                    self, state=state, due_after=start, due_before=due_before, limit=n
+                ),
+                due_after=due_after,
+                limit=limit,
+                name=name,
+                after=after,
+            )
         limit = check_limit(limit)
         states = list(JobState) if state is None else [JobState(state)]
         low = -math.inf if due_after is None else check_run_at(due_after, "due_after")
