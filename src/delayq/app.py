@@ -34,7 +34,13 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
-from delayq._validate import check_datetime, check_job_id, check_seconds, utf8_problem
+from delayq._validate import (
+    check_datetime,
+    check_job_id,
+    check_option_seconds,
+    check_seconds,
+    utf8_problem,
+)
 from delayq.backends import Backend, open_backend
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -115,12 +121,14 @@ class Handler:
 
     ``takes_context`` is true when the function accepts a second positional
     argument: it is then called as ``fn(payload, ctx)``, else as ``fn(payload)``.
+    ``timeout`` (seconds, None for the worker's default) bounds one attempt.
     """
 
     name: str
     fn: Callable[..., Any]
     is_async: bool
     takes_context: bool
+    timeout: float | None = None
 
     def call(self, payload: Any, ctx: JobContext) -> Any:
         """Call the function (returns a coroutine for an async handler)."""
@@ -354,7 +362,9 @@ class DelayQ:
         self._recurring = RecurringSchedules(self, rng=rng)
 
     # -- handlers -----------------------------------------------------------
-    def handler(self, name: str, *, replace: bool = False) -> Callable[[F], F]:
+    def handler(
+        self, name: str, *, replace: bool = False, timeout: float | None = None
+    ) -> Callable[[F], F]:
         """Register the decorated function (sync or async) under ``name``.
 
         The function is called as ``fn(payload)`` or, when it accepts a second
@@ -365,20 +375,37 @@ class DelayQ:
         ``functools.wraps`` (it runs on the worker's event loop); whatever a
         handler returns that is awaitable is awaited before the job counts as
         succeeded.
+
+        ``timeout`` (seconds) bounds one attempt; past it the attempt counts as
+        failed and is retried by the job's backoff (the worker's ``timeout``
+        applies when it is None). An async handler is cancelled; a sync one
+        cannot be interrupted: its thread is left to it and its late result
+        is ignored.
         """
         _check_name(name)
+        if timeout is not None:
+            check_option_seconds(timeout, "timeout")
 
         def register(fn: F) -> F:
-            self.register(name, fn, replace=replace)
+            self.register(name, fn, replace=replace, timeout=timeout)
             return fn
 
         return register
 
-    def register(self, name: str, fn: Callable[..., Any], *, replace: bool = False) -> Handler:
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        replace: bool = False,
+        timeout: float | None = None,
+    ) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         _check_name(name)
         if name == TICK_HANDLER:
             raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
+        if timeout is not None:
+            timeout = check_option_seconds(timeout, "timeout")
         if not callable(fn):
             raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
         entry = Handler(
@@ -386,6 +413,7 @@ class DelayQ:
             fn=fn,
             is_async=_is_async_callable(fn),
             takes_context=_takes_context(name, fn),
+            timeout=timeout,
         )
         with self._lock:
             if name in self._handlers and not replace:
@@ -829,7 +857,7 @@ class DelayQ:
         return check_seconds(value, field)
 
     def _run_at(self, delay: object, at: object, now: float) -> float:
-        if at is None and (type(delay) is float or type(delay) is int):
+        if at is None and (type(delay) is float or (type(delay) is int and -1e300 < delay < 1e300)):
             # The hot path (a plain number of seconds); anything unusual below.
             seconds = float(delay)
             if math.isfinite(seconds) and seconds <= MAX_DELAY:

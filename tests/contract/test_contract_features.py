@@ -26,10 +26,17 @@ def _needed_features() -> dict[str, frozenset[str]]:
         if not info.name.startswith("test_"):
             continue
         module = importlib.import_module(f"tests.contract.{info.name}")
+        module_marks = getattr(module, "pytestmark", [])
+        if not isinstance(module_marks, list):
+            module_marks = [module_marks]
         for name, fn in inspect.getmembers(module, inspect.isfunction):
             if not name.startswith("test_"):
                 continue
-            marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "backend_features"]
+            marks = [
+                m
+                for m in [*module_marks, *getattr(fn, "pytestmark", [])]
+                if m.name == "backend_features"
+            ]
             needs[name] = frozenset(f for m in marks for f in m.args)
     return needs
 

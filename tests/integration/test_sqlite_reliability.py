@@ -234,7 +234,10 @@ def test_two_workers_on_one_file_run_each_job_exactly_once(
         ]
         assert retried == []  # no lease expired
     runs = Counter(
-        line for side in sides for line in lines(side) if line not in ("ready", "exited")
+        line
+        for side in sides
+        for line in lines(side)
+        if line not in ("ready", "exited", "stopping")
     )
     assert set(runs) == set(ids)  # none missing, none unknown
     assert [job_id for job_id, n in runs.items() if n > 1] == []  # none ran twice

@@ -18,6 +18,11 @@ Rules every implementation keeps:
   entry were the single call, except that a stale token does not raise: it is
   reported in that entry's slot of the result and the entry is skipped, while
   the others still apply. Nothing is applied when the store fails.
+* **Complete, then claim.** ``complete_and_claim(batch, limit=, lease=)`` is
+  ``complete(batch)`` followed by ``claim(limit=limit, lease=lease)``, in one
+  transaction or script where the store allows it (a busy worker records its
+  results and refills its slots in one round trip); ``limit=0`` claims nothing.
+  If only the claim fails, the batch's answers are returned with no claims.
 * **Expired leases come back.** A RUNNING job whose lease passed is returned to
   the due set by the next ``claim`` (so a crashed worker's job runs again), or,
   when it has used all ``max_attempts``, buried with an error saying so.
@@ -267,6 +272,20 @@ class Backend(Protocol):
         (that entry is skipped; the rest still apply). A store failure raises and
         applies nothing. Retries wake waiting workers like :meth:`retry`. An
         empty batch does nothing.
+        """
+        ...
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)``, as one
+        transaction / script where the store allows it; ``limit=0`` claims nothing.
+
+        Returns ``(complete's answers, claims)``. A failure of the whole call
+        raises and applies nothing; a store that makes two calls of it
+        (``_common.complete_then_claim``) returns the answers with no claims
+        when only the claim failed, so applied completions are never reported
+        as failed.
         """
         ...
 

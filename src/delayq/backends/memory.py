@@ -28,6 +28,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     lease_expired_error,
     lease_expired_note,
     readable_json,
@@ -225,19 +226,38 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
     def _expire_leases(self, now: float) -> None:
         while (expiry := self._next_lease_expiry()) is not None and expiry <= now:
             _lease_until, _token, job_id = heapq.heappop(self._leases)
-            rec = self._jobs[job_id]
-            if rec.attempts >= rec.max_attempts:
-                rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
-                self._finish(rec, JobState.DEAD, now)
-            else:
-                # Due again from the moment the lease ran out: lateness (and the
-                # misfire policy) is measured from there, not from the first due time.
-                rec.last_error = lease_expired_note(expiry, rec.attempts)
-                rec.state = JobState.SCHEDULED
-                rec.run_at = expiry
-                rec.lease_until = None
-                rec.updated_at = now
-                self._schedule(rec)
+            self._expire_lease(self._jobs[job_id], expiry, now)
+
+    def _expire_lease(self, rec: _Record, expiry: float, now: float) -> None:
+        """End a lease that ran out: buried after the last attempt, else due again.
+        (A stale heap entry left behind is skipped by ``_next_lease_expiry``.)"""
+        if rec.attempts >= rec.max_attempts:
+            rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
+            self._finish(rec, JobState.DEAD, now)
+        else:
+            # Due again from the moment the lease ran out: lateness (and the
+            # misfire policy) is measured from there, not from the first due time.
+            rec.last_error = lease_expired_note(expiry, rec.attempts)
+            rec.state = JobState.SCHEDULED
+            rec.run_at = expiry
+            rec.lease_until = None
+            rec.updated_at = now
+            self._schedule(rec)
+
+    def _changeable(self, job_id: str, now: float) -> tuple[_Record | None, str]:
+        """The record a cancel or reschedule may change, or None and why not
+        (``running``, ``finished``, ``not_found``). A RUNNING job whose lease
+        has expired is not running: its lease ends here first."""
+        rec = self._lookup(job_id, now)
+        if rec is None:
+            return None, "not_found"
+        if rec.state is JobState.RUNNING:
+            if rec.lease_until is None or rec.lease_until > now:
+                return None, "running"
+            self._expire_lease(rec, rec.lease_until, now)
+        if rec.state is not JobState.SCHEDULED:
+            return None, "finished"
+        return rec, "scheduled"
 
     def _current(self, claim: Claim) -> _Record:
         rec = self._jobs.get(claim.job.id)
@@ -315,16 +335,12 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         with self._lock:
             self._check_open()
             now = self._clock.time()
-            rec = self._lookup(job_id, now)
+            rec, verdict = self._changeable(job_id, now)
             if rec is None:
-                return CancelOutcome.NOT_FOUND
-            if rec.state is JobState.RUNNING:
-                return CancelOutcome.RUNNING
-            if rec.state is not JobState.SCHEDULED:
-                return CancelOutcome.FINISHED
+                return CancelOutcome(verdict)
             rec.outcome = "cancelled"
             self._finish(rec, JobState.CANCELLED, now)
-            return CancelOutcome.CANCELLED
+            return CancelOutcome.done(rec.attempts)
 
     def reschedule(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
@@ -335,19 +351,15 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             now = self._clock.time()
             run_at = now + after if after is not None else at
             assert run_at is not None
-            rec = self._lookup(job_id, now)
+            rec, verdict = self._changeable(job_id, now)
             if rec is None:
-                return RescheduleOutcome.NOT_FOUND
-            if rec.state is JobState.RUNNING:
-                return RescheduleOutcome.RUNNING
-            if rec.state is not JobState.SCHEDULED:
-                return RescheduleOutcome.FINISHED
+                return RescheduleOutcome(verdict)
             head = self._next_due()
             rec.run_at = run_at
             rec.updated_at = now
             self._schedule(rec)
             self._wake_if_earlier(run_at, head)
-            return RescheduleOutcome.RESCHEDULED
+            return RescheduleOutcome.done(rec.attempts)
 
     # -- workers ----------------------------------------------------------------
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
@@ -406,7 +418,8 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     # Back to its place in the due order, the attempt given back.
                     rec.state = JobState.SCHEDULED
                     rec.attempts = max(0, rec.attempts - 1)
-                    rec.last_error = RELEASED_NOTE
+                    if rec.last_error is None:  # an earlier attempt's error is kept
+                        rec.last_error = RELEASED_NOTE
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)
@@ -415,13 +428,13 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     assert item.run_at is not None
                     rec.state = JobState.SCHEDULED
                     rec.run_at = item.run_at
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)
                     earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
                 elif item.state is JobState.DEAD:
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     self._finish(rec, JobState.DEAD, now)
                 else:
                     rec.outcome = item.outcome
