@@ -6,9 +6,10 @@
     python -m bench --quick    # smoke runs
 
 Each module (``inprocess``, ``timers``, ``durable``, ``drain``, ``redis_delayq``,
-``redis_peers``, ``load``, ``recurring``) is imported if it exists and its
-``main(argv)`` called with the same arguments; a module that is missing is
-listed as such, one that fails does not stop the others. The exit code is the first non-zero one.
+``redis_peers``, ``load``, ``operate``, ``recurring``) is imported if it exists and
+its ``main(argv)`` called with the same arguments; a module that is missing is
+listed as such, one that fails does not stop the others. The exit code is the
+first non-zero one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ MODULES = (
     "redis_delayq",
     "redis_peers",
     "load",
+    "operate",
     "recurring",
 )
 

@@ -7,6 +7,7 @@ time.
 
 from __future__ import annotations
 
+from delayq.aio import AsyncDelayQ
 from delayq.app import DelayQ, JobContext
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff
 from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
@@ -42,6 +43,7 @@ from delayq.worker import JobResult, Worker, WorkerStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncDelayQ",
     "AsyncDelayQueue",
     "BackendError",
     "BackendUnavailable",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import math
 import os
 import random
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from delayq._validate import (
     check_datetime,
@@ -42,6 +43,7 @@ from delayq._validate import (
     utf8_problem,
 )
 from delayq.backends import Backend, open_backend
+from delayq.backends._common import check_list_cursor
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
@@ -62,7 +64,9 @@ from delayq.job import (
 from delayq.recurring import TICK_HANDLER, Schedule
 from delayq.recurring_manager import RecurringSchedules
 
-__all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext"]
+__all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext", "ProducerHook"]
+
+log = logging.getLogger("delayq.app")
 
 URL_ENV = "DELAYQ_URL"
 """Environment variable read by ``DelayQ()`` (and the CLI) when no URL is given."""
@@ -84,6 +88,24 @@ WhenArg = datetime | float | int
 _SCHEDULE_KEYS = frozenset(
     {"name", "payload", "delay", "at", "job_id", "max_attempts", "backoff", "misfire"}
 )
+
+
+class ProducerHook(Protocol):
+    """Sees what a :class:`DelayQ` stores and cancels: metrics, tracing.
+
+    ``before_enqueue`` may return annotated specs (same ids, same names); an
+    error there stores nothing. ``after_enqueue`` and ``after_cancel`` run once
+    the store answered; an error there is logged, never raised, because the
+    job is stored (or cancelled) whatever the observer thinks.
+    """
+
+    def before_enqueue(self, specs: list[JobSpec]) -> list[JobSpec]: ...
+
+    def after_enqueue(
+        self, specs: Sequence[JobSpec], outcomes: Sequence[EnqueueOutcome]
+    ) -> None: ...
+
+    def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +355,7 @@ class DelayQ:
         self._default_misfire = self._misfire_spec(misfire)
         self._lock = threading.Lock()
         self._handlers: dict[str, Handler] = {}
+        self._hooks: tuple[ProducerHook, ...] = ()  # replaced whole, read without the lock
         if backend is not None:
             if url is not None or backend_options:
                 raise ConfigurationError(
@@ -453,9 +476,10 @@ class DelayQ:
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
-        Give exactly one of ``delay`` (seconds or a ``timedelta``; <= 0 means
+        Give at most one of ``delay`` (seconds or a ``timedelta``; <= 0 means
         now) or ``at`` (an aware ``datetime`` or epoch seconds; a past time means
-        now). ``job_id`` makes scheduling idempotent: an existing id is rejected
+        now); with neither, the job is due now. ``job_id`` makes scheduling
+        idempotent: an existing id is rejected
         (:class:`~delayq.errors.JobConflict`), kept (``on_conflict="keep"``) or
         replaced (``"replace"``, e.g. to debounce). ``payload`` must be JSON data.
 
@@ -485,6 +509,8 @@ class DelayQ:
             backoff=backoff,
             misfire=misfire,
         )
+        if self._hooks:
+            return self._store([spec], policy)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
 
@@ -494,7 +520,7 @@ class DelayQ:
         """Schedule a batch atomically (one transaction); return the ids in order.
 
         Each item is a mapping of :meth:`schedule`'s arguments (``name``,
-        ``payload``, ``delay`` or ``at``, ``job_id``, ``max_attempts``,
+        ``payload``, ``delay`` or ``at`` or neither for "now", ``job_id``, ``max_attempts``,
         ``backoff``, ``misfire``). Every item is validated before anything is
         stored; an error names the item (``jobs[3]: ...``).
         """
@@ -538,14 +564,34 @@ class DelayQ:
             seen.add(spec.id)
             specs.append(spec)
         if specs:
-            self._backend.enqueue(specs, on_conflict=policy)
+            specs = self._store(specs, policy)[0]
         return [s.id for s in specs]
 
     def enqueue(
         self, specs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         """Store already-built specs (see :meth:`build`) and report each outcome."""
-        return self._backend.enqueue(specs, on_conflict=check_on_conflict(on_conflict))
+        return self._store(list(specs), check_on_conflict(on_conflict))[1]
+
+    def add_hook(self, hook: ProducerHook) -> None:
+        """Have ``hook`` see every enqueue and cancel of this app (see :class:`ProducerHook`)."""
+        with self._lock:
+            self._hooks = (*self._hooks, hook)
+
+    def _store(
+        self, specs: list[JobSpec], policy: OnConflict
+    ) -> tuple[list[JobSpec], list[EnqueueOutcome]]:
+        """Enqueue ``specs`` through the hooks; the specs stored and their outcomes."""
+        hooks = self._hooks
+        for hook in hooks:
+            specs = hook.before_enqueue(specs)
+        outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        for hook in hooks:
+            try:
+                hook.after_enqueue(specs, outcomes)
+            except Exception:
+                log.exception("a producer hook failed after enqueue (the jobs are stored)")
+        return specs, outcomes
 
     def build(
         self,
@@ -574,7 +620,14 @@ class DelayQ:
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Cancel a scheduled job: cancelled, running, finished or not found."""
-        return self._backend.cancel(check_job_id(job_id))
+        job_id = check_job_id(job_id)
+        outcome = self._backend.cancel(job_id)
+        for hook in self._hooks:
+            try:
+                hook.after_cancel(job_id, outcome)
+            except Exception:
+                log.exception("a producer hook failed after cancel (the outcome stands)")
+        return outcome
 
     def reschedule(
         self,
@@ -677,19 +730,29 @@ class DelayQ:
         due_after: WhenArg | None = None,
         due_before: WhenArg | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs (optionally of one state, due within a window) in due-time order."""
+        """Jobs (optionally of one state, handler ``name``, due within a window) in
+        due-time order; ``after=(job.run_at, job.id)`` of a page's last job gives
+        the next page (keyset pagination, see ``Backend.list_jobs``)."""
         if state is not None:
             try:
                 state = JobState(state)
             except ValueError:
                 known = ", ".join(s.value for s in JobState)
                 raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
+        extra: dict[str, Any] = {}  # only when given: a store may predate these two
+        if name is not None:
+            extra["name"] = _check_name(name)
+        if after is not None:
+            extra["after"] = self._cursor(after)
         return self._backend.list_jobs(
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
             due_before=None if due_before is None else check_datetime(due_before, "due_before"),
             limit=self._check_limit(limit),
+            **extra,
         )
 
     def stats(self) -> Stats:
@@ -792,6 +855,8 @@ class DelayQ:
         backoff / misfire values that are the very same immutable object as an
         earlier item's parsed only once.
         """
+        if delay is None and at is None:
+            delay = 0.0  # neither: due now, on the store's clock like any delay
         if job_id is not None:
             job_id = check_job_id(job_id)
         elif ids is not None:
@@ -906,6 +971,11 @@ class DelayQ:
                 f"job_ids must be a list of ids, got {type(job_ids).__name__} {job_ids!r}"
             )
         return job_ids
+
+    @staticmethod
+    def _cursor(after: object) -> tuple[float, str] | None:
+        cursor = check_list_cursor(after)
+        return None if cursor is None else (cursor[0], check_job_id(cursor[1]))
 
     @staticmethod
     def _check_limit(value: object) -> int:

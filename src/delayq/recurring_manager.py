@@ -55,6 +55,10 @@ _MAX_EVERY = 100 * 365.25 * 86400
 class RecurringSchedules:
     """Add, list, change, pause, resume and remove schedules; run ticks.
 
+    The jobs a schedule makes (ticks, occurrences) are delayq's own: they go to
+    the store directly, past the app's producer hooks (no trace envelope around
+    a tick's payload, no "scheduled" count for what no producer called).
+
     The app holds one (``DelayQ`` delegates to it); ``rng`` draws the jitter.
     Holds no state of its own besides the app and the rng (``random.Random`` is
     thread-safe for ``uniform``), so it is safe to share between threads.
@@ -296,27 +300,28 @@ class RecurringSchedules:
                         )
                     )
             times = sorted(found)
+        backend = self._app.backend
         running = new is not None and not new.paused
         for at in times:
             if running and at <= now:
                 continue  # due before this edit: it runs as it was enqueued
             job_id = occurrence_id(old.name, at)
-            job = self._app.get(job_id)
+            job = backend.get(job_id)
             if job is None:
                 continue  # its tick has not run: it will read the new record
             if job.state is JobState.SCHEDULED:
-                if not self._app.cancel(job_id).cancelled:
+                if not backend.cancel(job_id).cancelled:
                     continue  # claimed meanwhile: it runs as it was
             elif job.state is not JobState.CANCELLED:
                 continue  # running or finished
             if new is not None and new.runs_at(at):
                 with contextlib.suppress(JobConflict):  # claimed after a concurrent settle
-                    self._app.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
+                    backend.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
 
     def _seed(self, schedule: Schedule, now: float) -> None:
         at = schedule.next_run(now)
         if at is not None:
-            self._app.enqueue([self._tick_spec(schedule.name, at, now)], on_conflict="keep")
+            self._app.backend.enqueue([self._tick_spec(schedule.name, at, now)], on_conflict="keep")
 
     @staticmethod
     def _tick_spec(name: str, at: float, now: float) -> JobSpec:
@@ -367,7 +372,7 @@ class RecurringSchedules:
         if decision.next_tick is not None:
             specs.append(self._tick_spec(name, decision.next_tick, now))
         if specs:
-            self._app.enqueue(specs, on_conflict="keep")
+            self._app.backend.enqueue(specs, on_conflict="keep")
         if decision.runs:
             # An edit that committed after the read above may have settled before
             # the enqueue: settle what was enqueued against the record now.

@@ -23,7 +23,7 @@ from delayq.errors import (
     InvalidOption,
     InvalidPayload,
 )
-from delayq.job import JobState
+from delayq.job import JobSpec, JobState
 from delayq.recurring import LEAD, TICK_HANDLER, occurrence_id, plan, tick_id
 from delayq.testing import FakeClock
 from tests.recurring_support import context, drive
@@ -517,3 +517,29 @@ def test_a_schedule_added_again_right_after_removal_runs_its_next_occurrence(
     app.remove_recurring("poll")
     app.recurring("poll", every=60, start=first)
     assert [r.run_at for r in drive(app, clock, first + 1)] == [first]
+
+
+class _Envelope:
+    """A producer hook that wraps every payload (as tracing does) and records the ids."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def before_enqueue(self, specs: list[JobSpec]) -> list[JobSpec]:
+        self.seen.extend(s.id for s in specs)
+        return [dataclasses.replace(s, payload=f'{{"wrapped":{s.payload}}}') for s in specs]
+
+    def after_enqueue(self, specs: object, outcomes: object) -> None:
+        pass
+
+    def after_cancel(self, job_id: str, outcome: object) -> None:
+        pass
+
+
+def test_a_schedules_own_jobs_pass_by_the_producer_hooks(app: DelayQ, clock: FakeClock) -> None:
+    hook = _Envelope()
+    app.add_hook(hook)
+    app.recurring("poll", every=60, payload={"n": 1})
+    ran = drive(app, clock, clock.time() + 121)
+    assert [r.payload for r in ran] == [{"n": 1}, {"n": 1}]
+    assert hook.seen == []

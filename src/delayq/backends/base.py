@@ -331,8 +331,19 @@ class Backend(Protocol):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs (optionally of one state, due in a window), in ``run_at`` order."""
+        """Jobs (optionally of one state, handler ``name``, due in ``due_after <=
+        run_at < due_before``), in ``run_at`` order, ties in enqueue order.
+
+        ``after`` is a keyset cursor, ``(run_at, id)`` of the last job of the
+        previous page: the page starts just after that job in the same order, so
+        pages cost the same however deep (a store walks its due-order index from
+        the cursor, never counts or skips rows). When that job no longer exists
+        the page starts at the first job due at ``run_at``: a page may repeat a
+        job after concurrent changes, never skip one.
+        """
         ...
 
     def next_due(self) -> float | None:

@@ -23,6 +23,7 @@ from delayq.backends._common import (
     CompletesInBatches,
     check_lease,
     check_limit,
+    check_list_cursor,
     check_max_wait,
     check_result_ttl,
     check_run_at,
@@ -492,19 +493,28 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
         limit = check_limit(limit)
         state = None if state is None else JobState(state)
+        cursor = check_list_cursor(after)
         with self._lock:
             self._check_open()
             self._purge_finished(self._clock.time())
+            start: tuple[float, int] | None = None
+            if cursor is not None:
+                last = self._jobs.get(cursor[1])
+                start = (cursor[0], last.seq if last is not None else 0)
             recs = [
                 r
                 for r in self._jobs.values()
                 if (state is None or r.state is state)
+                and (name is None or r.name == name)
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
+                and (start is None or (r.run_at, r.seq) > start)
             ]
             chosen = heapq.nsmallest(limit, recs, key=lambda r: (r.run_at, r.seq))
             return [r.to_job() for r in chosen]
