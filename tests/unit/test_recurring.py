@@ -12,6 +12,8 @@ from typing import ClassVar
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from delayq import DelayQ, MissedRuns, Schedule
 from delayq.backends.base import ScheduleRecord, ScheduleStore
@@ -543,3 +545,29 @@ def test_a_schedules_own_jobs_pass_by_the_producer_hooks(app: DelayQ, clock: Fak
     ran = drive(app, clock, clock.time() + 121)
     assert [r.payload for r in ran] == [{"n": 1}, {"n": 1}]
     assert hook.seen == []
+
+
+@settings(max_examples=150)
+@given(
+    expr=st.sampled_from(
+        ["30 2 * * *", "0 * * * *", "*/20 * * * *", "15 1,2,3 * * *", "0 0 L * *", "0 9 * * 1-5"]
+    ),
+    zone=st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"]),
+    start=st.floats(min_value=1.77e9, max_value=1.84e9),
+)
+def test_looking_back_finds_exactly_the_occurrences_looking_forward_found(
+    expr: str, zone: str, start: float
+) -> None:
+    # A tick finds its own occurrence by looking back from now; the chain found it
+    # by looking forward. Both walks must agree, DST transitions included.
+    schedule = Schedule(name="p", handler="p", cron=expr, tz=zone)
+    forward: list[float] = []
+    at: float | None = start
+    for _ in range(12):
+        at = schedule.next_after(at) if at is not None else None
+        if at is None:
+            break
+        forward.append(at)
+    assert schedule.due_between(forward[0], forward[-1], 100) == forward
+    for occurrence in forward:
+        assert schedule.due_between(occurrence, occurrence, 1) == [occurrence]
