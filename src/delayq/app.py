@@ -425,10 +425,10 @@ class DelayQ:
     ) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         _check_name(name)
-        if name == TICK_HANDLER:
-            raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if timeout is not None:
             timeout = check_option_seconds(timeout, "timeout")
+        if name == TICK_HANDLER:
+            raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
             raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
         entry = Handler(
