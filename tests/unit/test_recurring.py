@@ -571,3 +571,27 @@ def test_looking_back_finds_exactly_the_occurrences_looking_forward_found(
     assert schedule.due_between(forward[0], forward[-1], 100) == forward
     for occurrence in forward:
         assert schedule.due_between(occurrence, occurrence, 1) == [occurrence]
+
+
+def test_a_resume_racing_the_tick_that_saw_the_pause_keeps_the_chain(
+    app: DelayQ, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app.recurring("poll", every=60)
+    first = clock.time() + 60
+    app.pause_recurring("poll")
+    store = app.backend
+    assert isinstance(store, ScheduleStore)
+    read = store.get_schedule
+    raced: list[bool] = []
+
+    def read_then_resume(name: str) -> ScheduleRecord | None:
+        record = read(name)
+        if not raced:  # the tick read "paused"; the resume commits before it ends
+            raced.append(True)
+            app.resume_recurring("poll")
+        return record
+
+    monkeypatch.setattr(store, "get_schedule", read_then_resume)
+    ran = drive(app, clock, first + 121)
+    assert raced
+    assert [r.run_at for r in ran] == [first, first + 60, first + 120]
