@@ -595,3 +595,18 @@ def test_a_resume_racing_the_tick_that_saw_the_pause_keeps_the_chain(
     ran = drive(app, clock, first + 121)
     assert raced
     assert [r.run_at for r in ran] == [first, first + 60, first + 120]
+
+
+def test_resume_restarts_a_chain_whose_tick_was_dead_lettered(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    app.recurring("poll", every=60)
+    begin = clock.time()
+    [tick] = app.list_jobs()
+    clock.advance(tick.run_at - clock.time())
+    [claim] = app.backend.claim(limit=1, lease=30)
+    app.backend.bury(claim, "BackendUnavailable: the store was down for hours")
+    assert drive(app, clock, begin + 300) == []  # the chain stopped (loudly: a dead letter)
+    assert [j.id for j in app.dead_letters()] == [tick.id]
+    assert app.resume_recurring("poll") is True  # not paused: it restarts the chain
+    assert [r.run_at - begin for r in drive(app, clock, begin + 421)] == [360.0, 420.0]
