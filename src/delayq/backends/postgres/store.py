@@ -34,6 +34,7 @@ from delayq.backends.postgres import schema as _schema
 from delayq.backends.postgres.claims import Claiming
 from delayq.backends.postgres.connection import caller_connection, mapped, mask, split_url
 from delayq.backends.postgres.inspect import Inspection
+from delayq.backends.postgres.schedules import PostgresSchedules
 from delayq.backends.postgres.sql import CUTOFF, Statements
 from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -64,7 +65,7 @@ _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Claiming, CompletesInBatches, Inspection):
+class PostgresBackend(PostgresSchedules, Claiming, CompletesInBatches, Inspection):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -101,6 +102,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             "definite_cancel",
             "inspect",
             "transactional_enqueue",
+            "recurring",
         }
     )
 
