@@ -59,6 +59,7 @@ DEFAULT_QUEUE = "default"
 DEFAULT_DEAD_TTL = 30 * 24 * 3600.0
 """Dead letters are deleted this long after they were buried (30 days); None keeps them."""
 
+_HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
 
 log = logging.getLogger("delayq.postgres")
@@ -156,6 +157,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         self._closed = False
         self._last_purge = float("-inf")
         self._waiter_ids = itertools.count()
+        self._hint = threading.local()  # per thread: what its last claim read (see _set_hint)
         self._pool = psycopg_pool.ConnectionPool(
             conninfo,
             kwargs=self._kwargs,
@@ -232,6 +234,24 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
                 return False
             self._last_purge = mono
             return True
+
+    def _mark(self) -> tuple[int, int] | None:
+        """The listener's log position before a claim reads the schedule (no listener: None)."""
+        listener = self._listener
+        return None if listener is None else listener.mark()
+
+    def _set_hint(self, mark: tuple[int, int] | None, cur: psycopg.Cursor[Any] | None) -> None:
+        """Keep, for this thread's next wait, what a claim read after claiming."""
+        row = None if cur is None else cur.fetchone()
+        self._hint.value = (
+            None
+            if mark is None or row is None
+            else (
+                mark,
+                row,
+                self._clock.monotonic(),
+            )
+        )
 
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None:
         """After a commit that scheduled a job due at ``at``: wake waiters if it is
@@ -472,21 +492,33 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         clock = self._clock
         deadline = clock.monotonic() + max_wait
         key = next(self._waiter_ids)
+        hint = getattr(self._hint, "value", None)
+        self._hint.value = None
         with listener.cond:
             gen = listener.gen
             listener.waiters[key] = math.inf  # any notification wakes it while it reads
         try:
-            try:
-                head, lease_end, now = self._read(
-                    "reading the next due time", self._sql.wake_times, self._params()
-                )[0]
-            except BackendUnavailable as exc:
-                log.debug("wait_for_due: %s; pausing", exc)
-                head = lease_end = None
-                now = 0.0
-                listening = False
-            except QueueClosed:
-                return
+            if hint is not None and clock.monotonic() - hint[2] < _HINT_MAX_AGE:
+                # The claim just read the schedule: no second round trip, but what
+                # was heard since that read counts as if this waiter had listened.
+                mark, (head, lease_end, now), taken = hint
+                now += clock.monotonic() - taken
+                until = min((t for t in (head, lease_end) if t is not None), default=math.inf)
+                with listener.cond:
+                    if listener.heard_since(mark, until):
+                        return
+            else:
+                try:
+                    head, lease_end, now = self._read(
+                        "reading the next due time", self._sql.wake_times, self._params()
+                    )[0]
+                except BackendUnavailable as exc:
+                    log.debug("wait_for_due: %s; pausing", exc)
+                    head = lease_end = None
+                    now = 0.0
+                    listening = False
+                except QueueClosed:
+                    return
             times = [t for t in (head, lease_end) if t is not None]
             with listener.cond:
                 if listener.closed or listener.gen != gen:
