@@ -131,8 +131,11 @@ class Statements:
                 RETURNING id, run_at""",
             # After a commit that scheduled something due at %(at)s: wake the
             # listeners if nothing scheduled is earlier (they sleep until the head).
+            # The NOTIFY's own transaction does not wait for the disk: a wake-up
+            # lost in a server crash costs nothing (waiters re-read on reconnect).
             head_check=f"""
-                SELECT pg_notify(%(channel)s, %(at)s::text)
+                SELECT set_config('synchronous_commit', 'off', true),
+                       pg_notify(%(channel)s, %(at)s::text)
                 WHERE NOT EXISTS (SELECT 1 FROM {jobs}
                                   WHERE queue = %(q)s AND state = 'scheduled'
                                     AND run_at < %(at)s)""",
