@@ -8,11 +8,10 @@ SQL in :mod:`.sql`; schema and migrations in :mod:`.schema`; waiting in
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -23,34 +22,27 @@ from psycopg.rows import tuple_row
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
-    TTL_STATES,
     CompletesInBatches,
     check_max_wait,
     check_result_ttl,
-    check_spec,
     check_when,
 )
 from delayq.backends.postgres import schema as _schema
 from delayq.backends.postgres.claims import Claiming
-from delayq.backends.postgres.connection import caller_connection, mapped, mask, split_url
+from delayq.backends.postgres.connection import mapped, mask, split_url
+from delayq.backends.postgres.enqueue import Enqueueing
 from delayq.backends.postgres.inspect import Inspection
-from delayq.backends.postgres.sql import CUTOFF, Statements
+from delayq.backends.postgres.sql import Statements
 from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendUnavailable,
     InvalidOption,
-    JobConflict,
     QueueClosed,
 )
 from delayq.job import (
     CancelOutcome,
-    EnqueueOutcome,
-    JobSpec,
-    JobState,
-    OnConflict,
     RescheduleOutcome,
-    check_on_conflict,
 )
 
 __all__ = ["DEFAULT_DEAD_TTL", "DEFAULT_QUEUE", "PostgresBackend"]
@@ -65,7 +57,7 @@ _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Claiming, CompletesInBatches, Inspection):
+class PostgresBackend(Enqueueing, Claiming, CompletesInBatches, Inspection):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -264,148 +256,6 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             listener.heard(at)
 
     # -- producers --------------------------------------------------------------
-    def enqueue(
-        self,
-        jobs: Sequence[JobSpec],
-        *,
-        on_conflict: OnConflict = "reject",
-        connection: object = None,
-    ) -> list[EnqueueOutcome]:
-        """Store ``jobs`` atomically (see the Backend contract).
-
-        With ``connection=`` (a psycopg connection, or a SQLAlchemy Connection /
-        Session on psycopg) the jobs join that connection's transaction: they
-        exist if and only if it commits, and are invisible to workers until then.
-        """
-        on_conflict = check_on_conflict(on_conflict)
-        specs = [check_spec(spec) for spec in jobs]
-        if connection is not None:
-            return self._enqueue_in(caller_connection(connection), specs, on_conflict)
-        if not specs:
-            return []
-        with self._conn("enqueueing") as conn:
-            params = self._insert_params(specs)
-            try:
-                rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
-                created = rows.fetchall()
-                outcomes = [EnqueueOutcome.CREATED] * len(specs)
-            except psycopg.errors.UniqueViolation:
-                with conn.transaction():
-                    outcomes, created = self._enqueue_slow(conn, specs, on_conflict)
-            self._told(conn, min((r[1] for r in created), default=None))
-        return outcomes
-
-    def _enqueue_in(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> list[EnqueueOutcome]:
-        """Enqueue inside the caller's transaction, under a savepoint (all or none)."""
-        if not specs:
-            return []
-        status = conn.info.transaction_status
-        if status == psycopg.pq.TransactionStatus.INERROR:
-            raise InvalidOption(
-                "connection= is in a failed transaction: roll it back before scheduling"
-            )
-        with mapped(self.url, "enqueueing in the caller's transaction"):
-            if status == psycopg.pq.TransactionStatus.IDLE and conn.autocommit:
-                # No transaction of the caller's to join: ours commits at once.
-                with conn.transaction():
-                    return self._enqueue_joined(conn, specs, on_conflict)
-            conn.execute("SAVEPOINT delayq_enqueue")
-            try:
-                outcomes = self._enqueue_joined(conn, specs, on_conflict)
-            except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK TO SAVEPOINT delayq_enqueue")
-                    conn.execute("RELEASE SAVEPOINT delayq_enqueue")
-                raise
-            conn.execute("RELEASE SAVEPOINT delayq_enqueue")
-            return outcomes
-
-    def _enqueue_joined(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> list[EnqueueOutcome]:
-        outcomes, created = self._enqueue_slow(conn, specs, on_conflict)
-        at = min((r[1] for r in created), default=None)
-        if at is not None:
-            # Delivered when the caller commits, never on rollback. Unconditional:
-            # the head may change before that commit; listeners filter by time.
-            conn.execute(self._sql.notify, {"channel": self._channel, "at": at})
-        return outcomes
-
-    def _insert_params(self, specs: Sequence[JobSpec]) -> dict[str, Any]:
-        return self._params(
-            ids=[s.id for s in specs],
-            names=[s.name for s in specs],
-            payloads=[s.payload for s in specs],
-            run_ats=[float(s.run_at) if s.delay is None else 0.0 for s in specs],
-            delays=[None if s.delay is None else float(s.delay) for s in specs],
-            max_attempts=[s.max_attempts for s in specs],
-            backoffs=[json.dumps(s.backoff, separators=(",", ":")) for s in specs],
-            misfires=[s.misfire for s in specs],
-            created=[float(s.created_at or 0.0) for s in specs],
-        )
-
-    def _enqueue_slow(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> tuple[list[EnqueueOutcome], list[tuple[Any, ...]]]:
-        """Enqueue deciding conflicts row by row (inside a transaction: all or none)."""
-        cur = conn.cursor(row_factory=tuple_row)
-        q = self._sql.schema
-        ids = list(dict.fromkeys(s.id for s in specs))
-        existing = {
-            row[0]: (JobState(row[1]), row[2])
-            for row in cur.execute(
-                f'SELECT id, state, updated_at <= {CUTOFF} FROM "{q}".jobs '
-                f"WHERE queue = %(q)s AND id = ANY(%(ids)s) FOR UPDATE",
-                self._params(ids=ids),
-            ).fetchall()
-        }
-        outcomes: list[EnqueueOutcome] = []
-        seen: dict[str, JobState] = {}
-        final: dict[str, JobSpec] = {}
-        for spec in specs:
-            state = seen.get(spec.id)
-            if state is None and spec.id in existing:
-                found, old = existing[spec.id]
-                state = None if old and found in TTL_STATES else found  # expired: gone
-            if state is None:
-                outcomes.append(EnqueueOutcome.CREATED)
-            elif on_conflict == "keep":
-                outcomes.append(EnqueueOutcome.KEPT)
-                continue
-            elif on_conflict == "reject":
-                raise JobConflict(
-                    f"job {spec.id!r} already exists ({state.value}); pass "
-                    f"on_conflict='keep' or 'replace' to accept an existing id"
-                )
-            elif state is JobState.RUNNING:
-                raise JobConflict(
-                    f"job {spec.id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
-            else:
-                outcomes.append(EnqueueOutcome.REPLACED)
-            seen[spec.id] = JobState.SCHEDULED
-            final[spec.id] = spec
-        if not final:
-            return outcomes, []
-        doomed = [i for i in final if i in existing]
-        if doomed:
-            cur.execute(
-                f'DELETE FROM "{q}".jobs WHERE queue = %(q)s AND id = ANY(%(ids)s)',
-                {"q": self.queue, "ids": doomed},
-            )
-        try:
-            created = cur.execute(
-                self._sql.insert, self._insert_params(list(final.values()))
-            ).fetchall()
-        except psycopg.errors.UniqueViolation as exc:
-            raise JobConflict(
-                f"a job of {sorted(final)[:5]} was created by another producer meanwhile: {exc}"
-            ) from exc
-        return outcomes, created
-
     def cancel(self, job_id: str) -> CancelOutcome:
         with self._conn("cancelling") as conn:
             row = (
