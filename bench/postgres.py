@@ -61,6 +61,7 @@ from bench.load import (
 DATABASE = "delayq_bench"
 SCHEMA = "delayq_bench"
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DRAIN_LIMIT_S = 60.0  # a drain slower than this is measured over the jobs that ran
 
 
 def bench_database(server: str) -> str:
@@ -185,15 +186,16 @@ def drain_rate(system: System, n: int, workers: int, workdir: Path) -> float:
         with contextlib.ExitStack() as stack:
             for _ in range(workers):
                 stack.enter_context(running_worker(system.worker_argv(url), log_path))
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + DRAIN_LIMIT_S
             while _count_lines(out) < n and time.monotonic() < deadline:
                 time.sleep(0.05)
     runs, _claims = read_runs(out)
     starts = sorted(due + min(late) for i, late in runs.items() if i >= 0)
-    if len(starts) < n:
-        raise RunFailed(f"only {len(starts)} of {n} jobs ran in 180 s")
-    mark = starts[n // 10]
-    return (n - n // 10) / (starts[-1] - mark)
+    if len(starts) < n // 5:
+        raise RunFailed(f"only {len(starts)} of {n} jobs ran in {DRAIN_LIMIT_S:.0f} s")
+    mark = len(starts) // 10
+    rate = (len(starts) - mark) / (starts[-1] - starts[mark])
+    return rate if len(starts) == n else -rate  # negative: not every job ran in time
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -242,7 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = [label]
             for workers in (1, 2):
                 try:
-                    row.append(f"{drain_rate(system, n_drain, workers, Path(tmp)):,.0f}")
+                    rate = drain_rate(system, n_drain, workers, Path(tmp))
+                    row.append(
+                        f"{rate:,.0f}" if rate > 0 else f"{-rate:,.0f} (not all ran in 60 s)"
+                    )
                 except (RunFailed, OSError) as exc:
                     row.append(f"failed: {exc}")
             drains.append("| " + " | ".join(row) + " |")

@@ -455,3 +455,19 @@ def test_only_a_job_earlier_than_the_head_is_notified(schema: str) -> None:
     finally:
         producer.close()
         waiter.close()
+
+
+def test_the_migrate_command_creates_the_schema_once(schema: str) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from delayq.cli import cli  # noqa: PLC0415
+
+    url = f"{POSTGRES_URL}?schema={schema}"
+    first = CliRunner().invoke(cli, ["--url", url, "migrate"])
+    assert first.exit_code == 0, first.output
+    assert f"migrated from version 0 to {SCHEMA_VERSION}" in first.output
+    again = CliRunner().invoke(cli, ["--url", url, "migrate"])
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    elsewhere = CliRunner().invoke(cli, ["--url", "sqlite:///jobs.db", "migrate"])
+    assert elsewhere.exit_code != 0 and "postgresql://" in elsewhere.output
+    PostgresBackend(POSTGRES_URL, schema=schema, migrate=False).close()  # now accepted
