@@ -32,6 +32,7 @@ __all__ = [
     "check_dead_ttl",
     "check_lease",
     "check_limit",
+    "check_list_cursor",
     "check_max_wait",
     "check_result_ttl",
     "check_run_at",
@@ -84,6 +85,18 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
     return limit
+
+
+def check_list_cursor(after: object) -> tuple[float, str] | None:
+    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
+    of the previous page, or None."""
+    if after is None:
+        return None
+    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
+        raise InvalidOption(
+            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
+        )
+    return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
 def check_lease(lease: object) -> float:

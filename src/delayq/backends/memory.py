@@ -23,6 +23,7 @@ from delayq.backends._common import (
     CompletesInBatches,
     check_lease,
     check_limit,
+    check_list_cursor,
     check_max_wait,
     check_result_ttl,
     check_run_at,
@@ -35,6 +36,7 @@ from delayq.backends._common import (
     stale_claim,
     undecodable_error,
 )
+from delayq.backends._schedules import MemorySchedules
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
@@ -98,7 +100,7 @@ class _Record:
         )
 
 
-class MemoryBackend(CompletesInBatches):
+class MemoryBackend(MemorySchedules, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -119,7 +121,9 @@ class MemoryBackend(CompletesInBatches):
     ``version`` (or token) still matches the record.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({"clock", "definite_cancel", "inspect"})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "definite_cancel", "inspect", "recurring"}
+    )
 
     def __init__(
         self,
@@ -489,19 +493,28 @@ class MemoryBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
         limit = check_limit(limit)
         state = None if state is None else JobState(state)
+        cursor = check_list_cursor(after)
         with self._lock:
             self._check_open()
             self._purge_finished(self._clock.time())
+            start: tuple[float, int] | None = None
+            if cursor is not None:
+                last = self._jobs.get(cursor[1])
+                start = (cursor[0], last.seq if last is not None else 0)
             recs = [
                 r
                 for r in self._jobs.values()
                 if (state is None or r.state is state)
+                and (name is None or r.name == name)
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
+                and (start is None or (r.run_at, r.seq) > start)
             ]
             chosen = heapq.nsmallest(limit, recs, key=lambda r: (r.run_at, r.seq))
             return [r.to_job() for r in chosen]

@@ -39,6 +39,7 @@ from delayq.backends.redis._keys import (
     KEY_NAMES,
     queue_keys,
 )
+from delayq.backends.redis._schedules import RedisSchedules
 from delayq.backends.redis._waiting import Waiting
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
@@ -69,7 +70,7 @@ _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds scri
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(CompletesAndClaims):
+class RedisBackend(RedisSchedules, CompletesAndClaims):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -107,7 +108,7 @@ class RedisBackend(CompletesAndClaims):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(

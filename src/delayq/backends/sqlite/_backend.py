@@ -22,6 +22,7 @@ from delayq.backends._common import (
     check_dead_ttl,
     check_lease,
     check_limit,
+    check_list_cursor,
     check_max_wait,
     check_result_ttl,
     check_run_at,
@@ -31,6 +32,7 @@ from delayq.backends._common import (
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
+from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
@@ -93,7 +95,7 @@ def _follower_error(exc: BaseException) -> BaseException:
     return BackendError(f"enqueue failed in the group commit it joined: {exc!r}")
 
 
-class SQLiteBackend(CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -122,7 +124,7 @@ class SQLiteBackend(CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect"}
+        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
@@ -554,14 +556,32 @@ class SQLiteBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
+
+        Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
+        ``name`` filter is checked on the rows walked (no index of its own, so a
+        rare name costs a longer walk, never a sort).
+        """
         limit = check_limit(limit)
+        cursor = check_list_cursor(after)
         where = [NOT_EXPIRED]
         params: list[Any] = [self._cutoff(self._clock.time())]
         if state is not None:
             where.append("state = ?")
             params.append(JobState(state).value)
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if cursor is not None:
+            # The cursor job's seq breaks run_at ties; gone, it is 0 (the page
+            # starts at run_at: it may repeat a job, never skip one).
+            where.append(
+                "(run_at, seq) > (?, COALESCE((SELECT seq FROM delayq_jobs WHERE id = ?), 0))"
+            )
+            params.extend(cursor)
         if due_after is not None:
             where.append("run_at >= ?")
             params.append(check_run_at(due_after, "due_after"))
