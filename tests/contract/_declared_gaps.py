@@ -22,19 +22,7 @@ SKIPPED: dict[str, frozenset[str]] = {
     ),
     "sqlite": frozenset(),
     "redis": frozenset(),
-    "postgres": frozenset(
-        {
-            # no schedule records (recurring) yet
-            "test_a_chain_makes_one_job_per_occurrence_however_often_ticks_run",
-            "test_a_new_record_starts_at_version_1_and_reads_back",
-            "test_a_write_at_a_stale_version_changes_nothing",
-            "test_an_edit_through_one_handle_is_seen_by_another",
-            "test_bad_arguments_are_refused",
-            "test_delete_removes_the_record_once_and_honours_a_version",
-            "test_records_list_by_name_and_keep_any_text",
-            "test_records_survive_reopening_the_store",
-        }
-    ),
+    "postgres": frozenset(),
     "rabbitmq": frozenset(
         {
             # a broker: no injected clock, no index of jobs (inspect), no definite

@@ -198,6 +198,8 @@ _PARAMS: dict[str, Any] = {
     "delay": None,
     "older_than": 5.0,
     "all": True,
+    "name": "test.job",
+    "after_id": "s5",
 }
 
 

@@ -32,6 +32,7 @@ from delayq.backends.postgres.claims import Claiming
 from delayq.backends.postgres.connection import mapped, mask, split_url
 from delayq.backends.postgres.enqueue import Enqueueing
 from delayq.backends.postgres.inspect import Inspection
+from delayq.backends.postgres.schedules import Schedules
 from delayq.backends.postgres.sql import Statements
 from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -57,7 +58,7 @@ _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Enqueueing, Claiming, CompletesInBatches, Inspection):
+class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspection):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -94,6 +95,7 @@ class PostgresBackend(Enqueueing, Claiming, CompletesInBatches, Inspection):
             "definite_cancel",
             "inspect",
             "transactional_enqueue",
+            "recurring",
         }
     )
 
