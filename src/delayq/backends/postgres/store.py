@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
 from delayq._validate import check_seconds
@@ -143,7 +144,15 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
             "autocommit": True,
             "application_name": application_name,
             "connect_timeout": max(1, math.ceil(self._timeout)),
-            "options": f"-c synchronous_commit={synchronous_commit}",
+            # Custom plans always: a generic plan of the batch UPDATE (arrays of
+            # unknown length) walks every row of the queue; planning is cheap here.
+            "options": " ".join(
+                [
+                    str(conninfo_to_dict(conninfo).get("options") or ""),
+                    f"-c synchronous_commit={synchronous_commit}",
+                    "-c plan_cache_mode=force_custom_plan",
+                ]
+            ).strip(),
         }
         self._conninfo = conninfo
         self._lock = threading.Lock()
