@@ -473,3 +473,23 @@ def test_the_migrate_command_creates_the_schema_once(schema: str) -> None:
     elsewhere = CliRunner().invoke(cli, ["--url", "sqlite:///jobs.db", "migrate"])
     assert elsewhere.exit_code != 0 and "postgresql://" in elsewhere.output
     PostgresBackend(POSTGRES_URL, schema=schema, migrate=False).close()  # now accepted
+
+
+def test_dead_letters_are_kept_dead_ttl_then_purged_in_batches(schema: str) -> None:
+    from delayq.testing import FakeClock  # noqa: PLC0415
+
+    clock = FakeClock()
+    store = PostgresBackend(POSTGRES_URL, schema=schema, clock=clock, dead_ttl=3600)
+    try:
+        t0 = clock.time()
+        store.enqueue([spec("d", t0)])
+        [claim] = store.claim(limit=1, lease=LEASE)
+        store.bury(claim, "boom")
+        clock.advance(3599)
+        store.claim(limit=1, lease=LEASE)
+        assert [j.id for j in store.dead_letters()] == ["d"]
+        clock.advance(2)
+        store.claim(limit=1, lease=LEASE)  # the purge runs from the claim path
+        assert store.dead_letters() == [] and store.get("d") is None
+    finally:
+        store.close()

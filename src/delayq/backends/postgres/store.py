@@ -24,6 +24,7 @@ from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     CompletesInBatches,
+    check_dead_ttl,
     check_max_wait,
     check_result_ttl,
     check_when,
@@ -47,11 +48,9 @@ from delayq.job import (
     RescheduleOutcome,
 )
 
-__all__ = ["DEFAULT_DEAD_TTL", "DEFAULT_QUEUE", "PostgresBackend"]
+__all__ = ["DEFAULT_QUEUE", "PostgresBackend"]
 
 DEFAULT_QUEUE = "default"
-DEFAULT_DEAD_TTL = 30 * 24 * 3600.0
-"""Dead letters are deleted this long after they were buried (30 days); None keeps them."""
 
 _HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
@@ -71,7 +70,8 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
     * ``migrate``: create / migrate the schema when opening (default True);
       with False, a schema at another version is refused (run ``delayq migrate``).
     * ``result_ttl``: seconds finished records are kept (default 7 days).
-    * ``dead_ttl``: seconds dead letters are kept (default 30 days; None: forever).
+    * ``dead_ttl``: seconds dead letters are kept (default None: until purged or
+      requeued, as the contract says; set it to bound the dead-letter table).
     * ``pool_size``: most connections this handle opens (default 8), plus one
       for LISTEN once it waits for jobs.
     * ``clock``: for tests only. When given, its time replaces the server's
@@ -108,7 +108,7 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
         schema: str = _schema.DEFAULT_SCHEMA,
         migrate: bool = True,
         result_ttl: float = DEFAULT_RESULT_TTL,
-        dead_ttl: float | None = DEFAULT_DEAD_TTL,
+        dead_ttl: float | None = None,
         pool_size: int = 8,
         clock: Clock | None = None,
         connect_timeout: float = 10.0,
@@ -134,7 +134,7 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
         self.queue = queue
         self.schema = schema
         self._result_ttl = check_result_ttl(options.get("result_ttl", result_ttl))
-        self._dead_ttl = None if dead_ttl is None else check_result_ttl(dead_ttl)
+        self._dead_ttl = check_dead_ttl(dead_ttl)
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._fake = self._clock is not SYSTEM_CLOCK
         self._sql = Statements.build(schema)
