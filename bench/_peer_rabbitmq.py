@@ -9,8 +9,9 @@ load it (``celery -A bench._peer_rabbitmq worker``)::
     BENCH_RECORD  a file: "READY" once the worker consumes, then "<i> <time.time()>"
                   for each job whose handler starts
 
-``python -m bench._peer_rabbitmq`` runs the delayq worker. ``producer(mode)``
-returns ``schedule(i, delay, due)`` for the benchmark's producer thread.
+``python -m bench._peer_rabbitmq`` runs the delayq worker.
+``producer(mode, url, queue)`` returns ``(schedule(i, delay), close)`` for the
+benchmark's producer thread.
 """
 
 from __future__ import annotations
@@ -43,56 +44,62 @@ def ready() -> None:
         _out.write("READY\n")
 
 
-# -- Celery ---------------------------------------------------------------------
+def make_celery(mode: str, url: str, queue: str) -> Any:
+    """A Celery app on ``url`` with the ``bench.noop`` task, set up for ``mode``."""
+    from celery import Celery  # noqa: PLC0415 - only the Celery rows need it
 
-celery_app: Any = None
-if MODE.startswith("celery"):
-    from celery import Celery
-    from celery.signals import worker_ready
-
-    celery_app = Celery("bench_rabbitmq", broker=URL)
-    celery_app.conf.update(
-        task_default_queue=QUEUE,
-        task_default_exchange=QUEUE,
+    app = Celery("bench_rabbitmq", broker=url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        task_default_exchange=queue,
         task_default_exchange_type="topic",  # native delayed delivery needs a topic exchange
-        task_default_routing_key=QUEUE,
+        task_default_routing_key=queue,
         task_acks_late=True,
         broker_connection_retry_on_startup=True,
         broker_transport_options={"confirm_publish": True},
         worker_hijack_root_logger=False,
     )
-    if MODE == "celery-native":
+    if mode == "celery-native":
         # Quorum queues: Celery (kombu) delays countdowns with its native delayed
         # delivery (TTL + dead-letter levels, whole seconds).
-        celery_app.conf.update(task_default_queue_type="quorum", worker_detect_quorum_queues=True)
+        app.conf.update(task_default_queue_type="quorum", worker_detect_quorum_queues=True)
     else:
         # Classic queue: an ETA message delivered at once and held in worker memory.
-        celery_app.conf.update(task_default_queue_type="classic", worker_prefetch_multiplier=0)
+        app.conf.update(task_default_queue_type="classic", worker_prefetch_multiplier=0)
 
-    @celery_app.task(name="bench.noop")
-    def noop(i: int) -> None:
-        record(i)
+    app.task(name="bench.noop")(record)  # one callable for every app: no duplicate warning
+    return app
+
+
+celery_app: Any = None
+if MODE.startswith("celery"):
+    from celery.signals import worker_ready
+
+    celery_app = make_celery(MODE, URL, QUEUE)
 
     @worker_ready.connect
     def _ready(**_: Any) -> None:
         ready()
 
 
-def producer(mode: str) -> tuple[Callable[[int, float], None], Callable[[], None]]:
+def producer(
+    mode: str, url: str, queue: str
+) -> tuple[Callable[[int, float], None], Callable[[], None]]:
     """``(schedule(i, delay), close)`` for ``mode``, in the calling process."""
     if mode == "delayq":
-        app = DelayQ(URL, queue=QUEUE)
+        app = DelayQ(url, queue=queue)
 
         def schedule(i: int, delay: float) -> None:
             app.schedule("noop", i, delay=delay)
 
         return schedule, app.close
-    task = celery_app.tasks["bench.noop"]
+    celery = make_celery(mode, url, queue)
+    task = celery.tasks["bench.noop"]
 
     def schedule_celery(i: int, delay: float) -> None:
         task.apply_async(args=(i,), countdown=delay)
 
-    return schedule_celery, celery_app.close
+    return schedule_celery, celery.close
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import itertools
 import os
 import random
 import shutil
@@ -140,22 +141,24 @@ def live_load(
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "ran.txt"
         env = _env(mode, url, queue, record)
-        os.environ.update({k: env[k] for k in ("BENCH_MODE", "BENCH_URL", "BENCH_QUEUE")})
         worker = _start_worker(mode, env)
         try:
             if not _wait(lambda: "READY" in _lines(record), 60):
                 return {"system": mode, "note": "worker did not start"}
-            peer = importlib.reload(_peer)  # read the environment of this run
-            schedule, close = peer.producer(mode)
+            schedule, close = _peer.producer(mode, url, queue)
             rng = random.Random(seed)
             low = 1.0 if mode == "celery-native" else 0.0
-            n = int(rate * seconds)
             due: dict[int, float] = {}
             errors = 0
             pause = threading.Event()
             start = time.monotonic()
-            for i in range(n):
-                left = start + i / rate - time.monotonic()
+            for i in itertools.count():
+                # Calls are paced at ``rate``; a producer slower than that falls behind
+                # and schedules fewer jobs in the same ``seconds`` (enq/s says so).
+                now = time.monotonic()
+                if now - start >= seconds:
+                    break
+                left = start + i / rate - now
                 if left > 0:
                     pause.wait(left)
                 delay = rng.uniform(low, low + max_delay)
@@ -165,6 +168,7 @@ def live_load(
                 except Exception:  # a failed call is reported, not fatal
                     errors += 1
                     del due[i]
+            n = i
             produced = time.monotonic() - start
             close()
             grace = max_delay + max(30.0, seconds * 3)
