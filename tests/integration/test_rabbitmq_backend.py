@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from delayq import DelayQ
+from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
 from delayq.cli import cli
 from delayq.clock import SYSTEM_CLOCK
@@ -261,3 +262,24 @@ def test_the_command_line_schedules_and_reads_dead_letters(queue: str) -> None:
     assert listed.exit_code == 0, listed.output
     stats = runner.invoke(cli, ["--url", url, "stats"])
     assert stats.exit_code != 0 and "Unsupported" in stats.output
+
+
+def test_a_busy_handle_hands_its_due_jobs_to_another_without_using_an_attempt(
+    queue: str,
+) -> None:
+    busy = RabbitMQBackend(vhost_url(), queue=queue)
+    idle = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        busy.enqueue([job(f"j{i}", 0) for i in range(5)])
+        [first] = claim_within(busy, 1)  # then it claims nothing more: it is busy
+        assert wait_until(lambda: busy._consumer.buffered() == 4, timeout=10)
+        others = claim_within(idle, 4, timeout=15)
+        assert sorted(c.job.id for c in others) == sorted(
+            {f"j{i}" for i in range(5)} - {first.job.id}
+        )
+        assert {c.attempt for c in others} == {1}
+        idle.complete([Completion.ack(c) for c in others])
+        busy.ack(first)
+    finally:
+        busy.close()
+        idle.close()
