@@ -20,6 +20,7 @@ from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,
     InvalidDelay,
+    InvalidInput,
     InvalidPayload,
     StaleClaim,
     Unsupported,
@@ -283,3 +284,28 @@ def test_a_busy_handle_hands_its_due_jobs_to_another_without_using_an_attempt(
     finally:
         busy.close()
         idle.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        JobSpec(id="", name="x", payload="{}", run_at=0.0),
+        JobSpec(id="b", name="x", payload="{nope", run_at=0.0),
+        JobSpec(id="b", name="x", payload="{}", run_at=float("nan")),
+        JobSpec(id="b", name="x", payload="{}", run_at=0.0, max_attempts=0),
+        JobSpec(id="b", name="", payload="{}", run_at=0.0),
+    ],
+)
+def test_a_batch_with_a_bad_spec_publishes_nothing(backend: RabbitMQBackend, bad: JobSpec) -> None:
+    with pytest.raises(InvalidInput):
+        backend.enqueue([job("good", 0), bad])
+    assert ready_messages(backend) == 0  # "good" (due now) would be in the ready queue
+
+
+def ready_messages(backend: RabbitMQBackend) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
+    try:
+        declared = connection.channel().queue_declare(f"delayq.q.{backend.queue}", passive=True)
+        return int(declared.method.message_count)
+    finally:
+        connection.close()
