@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test bench lint
+.PHONY: demo test bench lint mutation
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+
+# Mutation testing (slow; not part of `make test`): mutates the modules listed in
+# pyproject.toml [tool.mutmut], runs the tests that cover each mutant, prints the
+# survivors and the score.
+mutation: $(STAMP)
+	$(PY) -m pip install -q -e '.[mutation]'
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 > mutants.log 2>&1 || (tail -20 mutants.log; exit 1)
+	$(VENV)/bin/mutmut results
+	$(VENV)/bin/mutmut export-cicd-stats
+	$(PY) -c "import json; s = json.load(open('mutants/mutmut-cicd-stats.json')); \
+	  k, n = s['killed'], s['killed'] + s['survived']; \
+	  print(f'mutation score: {k}/{n} killed ({100 * k / max(n, 1):.1f}%), ' \
+	        f'{s[\"no_tests\"]} without covering tests, {s[\"timeout\"]} timed out')"

@@ -1,36 +1,40 @@
-"""In-process timers side by side: schedule, cancel, expire, memory, lateness.
+"""In-process timers as users call them: schedule and cancel on a running timer, memory, lateness.
 
-    python -m bench.timers            # 1,000,000 timers; 100,000 due over 5 s
-    python -m bench.timers --quick    # 50,000 timers; 10,000 due over 1 s
+    python -m bench.timers            # 10k, 200k and 1M pending; 100,000 due over 5 s
+    python -m bench.timers --quick    # 10k and 50k pending; 10,000 due over 1 s
 
-Peers, measured in the same run on the same random delays:
+Peers, measured in the same run, on the same random delays, rounds interleaved:
 
-* ``HashedWheelTimer`` (defaults: 10 ms tick, 512 slots),
 * ``TimingWheel`` (Kafka's hierarchical wheel; defaults: 1 ms tick, 20 slots),
+* ``HashedWheelTimer`` (defaults: 10 ms tick, 512 slots),
 * ``DelayQueueTimer`` (a heap: ``DelayQueue``),
-* asyncio ``loop.call_at`` / ``TimerHandle.cancel``,
+* asyncio ``loop.call_later`` / ``loop.call_at`` and ``TimerHandle.cancel``,
+  inside a running event loop,
 * the PyPI ``timingwheel`` package, when it imports (it is never a delayq
-  dependency; install it into the benchmark's own virtualenv,
-  ``.venv-bench/bin/pip install timingwheel``, or its row says why it is skipped).
+  dependency; its row says why it is skipped).
 
-Throughput table (fake time, nothing sleeps): N timers with delays uniform in
-[0, 60) s are scheduled (the Timer API, lock included), every other one is
-cancelled, then time is advanced in 1 s steps to 61 s so the other half
-expire. delayq timers run on a :class:`~delayq.testing.FakeClock` with their
-real driver threads, handing due callbacks to a counting executor (so
-"expire" includes the driver's wake-up and hand-off, not the callbacks);
-asyncio runs on an event loop whose ``time()`` is faked, through its own
-``_run_once`` (so its column includes calling the no-op callbacks).
-Schedule and cancel rates are per CPU second (``time.process_time``), expire
-per wall-clock second. "bytes/timer" is the tracemalloc peak while N timers are pending, divided by
-N (the caller's list of handles included, for every peer). GC stays enabled.
+Schedule + cancel table: each delayq timer is started as a context manager
+(real clock, driver thread alive, default thread pool, its lock taken by every
+call), then ``schedule_after(d, fn)`` is called for N delays uniform in
+[1, 60) s, and ``cancel()`` on every other handle; the same with
+``schedule_at(now + d, fn)``. asyncio does the same with ``call_later`` /
+``call_at`` inside ``asyncio.run``. Rates are per CPU second of the whole
+process (``time.process_time``: the drivers' own work counts, and other
+processes on a shared machine count less than in wall time), the median of
+interleaved rounds. "vs asyncio" compares the time of N schedules plus N/2
+cancels with asyncio's. The garbage collector stays enabled, as in real use.
+
+Memory: tracemalloc growth while N = 200,000 timers scheduled with
+``schedule_after`` are pending, divided by N: the handle, its deadline float
+and the timer's own structure (the caller's list of handles is allocated
+before the measurement and not counted).
 
 Lateness table (real time): 100,000 timers due uniformly over 5 s, starting
 1 s after the first is scheduled; lateness = when the callback ran minus its
 deadline. delayq timers use their default thread pool; asyncio runs the loop.
 
-Targets: schedule+cancel >= 2x asyncio's at 1M pending; <= 200 bytes per
-pending timer; lateness p99 <= tick + 2 ms.
+Targets: TimingWheel and HashedWheelTimer schedule+cancel >= 2x asyncio at
+200k and 1M pending; <= 100 bytes per pending timer; lateness p99 <= tick + 2 ms.
 """
 
 from __future__ import annotations
@@ -41,214 +45,207 @@ import gc
 import os
 import platform
 import random
+import statistics
 import sys
 import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from delayq import DelayQueueTimer, HashedWheelTimer, TimingWheel
-from delayq.testing import FakeClock
 
-perf_counter = time.perf_counter
-cpu_time = time.process_time  # schedule/cancel: CPU seconds, less noisy on a shared machine
+cpu_time = time.process_time
 monotonic = time.monotonic
-
-START = 1_000.0
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    timers: int
+    sizes: tuple[int, ...]
+    rounds: int
+    memory_timers: int
     lateness_timers: int
     lateness_span: float
     lateness_lead: float
-    repeats: int
 
 
-FULL = Config(1_000_000, 100_000, 5.0, 1.0, 2)
-QUICK = Config(50_000, 10_000, 1.0, 0.5, 1)
+FULL = Config((10_000, 200_000, 1_000_000), 5, 200_000, 100_000, 5.0, 1.0)
+QUICK = Config((10_000, 50_000), 1, 20_000, 10_000, 1.0, 0.5)
+BIG = 500_000  # sizes from here on get fewer rounds (three at most): each takes seconds
 
-
-@dataclass(slots=True)
-class Row:
-    name: str
-    schedule: float = 0.0  # ops/s
-    cancel: float = 0.0
-    expire: float = 0.0
-    bytes_per_timer: float = 0.0
-    note: str = ""
+TIMERS: dict[str, Callable[[], Any]] = {
+    "TimingWheel (1 ms, 20 slots)": TimingWheel,
+    "HashedWheelTimer (10 ms, 512 slots)": HashedWheelTimer,
+    "DelayQueueTimer (heap)": DelayQueueTimer,
+}
+ASYNCIO = "asyncio call_later / call_at"
+TARGETS = ("TimingWheel (1 ms, 20 slots)", "HashedWheelTimer (10 ms, 512 slots)")
 
 
 def _noop() -> None:
     pass
 
 
-class CountingExecutor(Executor):
-    """Counts hand-offs instead of running them: "expire" measures the timer, not callbacks."""
+@dataclass(slots=True)
+class Sample:
+    """CPU seconds of one round: N schedules (after / at) and N/2 cancels (of each)."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._done: Future[Any] = Future()
-        self._done.set_result(None)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        self.count += 1
-        return self._done
+    after: float
+    at: float
+    cancel: float
 
 
-# -- delayq timers on fake time -------------------------------------------------------
-TIMERS: dict[str, Callable[..., Any]] = {
-    "HashedWheelTimer (10 ms, 512 slots)": HashedWheelTimer,
-    "TimingWheel (1 ms, 20 slots)": TimingWheel,
-    "DelayQueueTimer (heap)": DelayQueueTimer,
-}
+@dataclass(slots=True)
+class Result:
+    name: str
+    size: int
+    samples: list[Sample] = field(default_factory=list)
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(s, attr) for s in self.samples)
 
 
-def _wait(predicate: Callable[[], bool], timeout: float = 600.0) -> None:
+# -- schedule + cancel on a running timer ------------------------------------------------
+def delayq_round(make: Callable[[], Any], delays: list[float]) -> Sample:
+    with make() as timer:
+        schedule_after = timer.schedule_after
+        gc.collect()
+        t = cpu_time()
+        handles = [schedule_after(d, _noop) for d in delays]
+        after = cpu_time() - t
+        t = cpu_time()
+        for handle in handles[::2]:
+            handle.cancel()
+        cancel = cpu_time() - t
+        timer.stop(wait=False)
+    del handles
+    with make() as timer:
+        schedule_at = timer.schedule_at
+        now = monotonic()
+        deadlines = [now + d for d in delays]
+        gc.collect()
+        t = cpu_time()
+        handles = [schedule_at(d, _noop) for d in deadlines]
+        at = cpu_time() - t
+        assert len(handles) == len(deadlines)
+        timer.stop(wait=False)
+    return Sample(after, at, cancel)
+
+
+def asyncio_round(delays: list[float]) -> Sample:
+    async def body() -> Sample:
+        loop = asyncio.get_running_loop()
+        call_later = loop.call_later
+        gc.collect()
+        t = cpu_time()
+        handles = [call_later(d, _noop) for d in delays]
+        after = cpu_time() - t
+        t = cpu_time()
+        for handle in handles[::2]:
+            handle.cancel()
+        cancel = cpu_time() - t
+        for handle in handles:
+            handle.cancel()
+        del handles
+        call_at = loop.call_at
+        now = loop.time()
+        deadlines = [now + d for d in delays]
+        gc.collect()
+        t = cpu_time()
+        handles = [call_at(d, _noop) for d in deadlines]
+        at = cpu_time() - t
+        for handle in handles:
+            handle.cancel()
+        return Sample(after, at, cancel)
+
+    return asyncio.run(body())
+
+
+def run_schedule_cancel(cfg: Config, log: Callable[[str], None]) -> list[Result]:
+    results: list[Result] = []
+    for size in cfg.sizes:
+        rng = random.Random(size)
+        delays = [rng.uniform(1.0, 60.0) for _ in range(size)]
+        by_name = {name: Result(name, size) for name in (*TIMERS, ASYNCIO)}
+        rounds = cfg.rounds if size < BIG else min(cfg.rounds, 3)
+        for round_no in range(rounds):
+            log(f"schedule+cancel: {size:,} pending, round {round_no + 1}/{rounds}")
+            for name, make in TIMERS.items():
+                by_name[name].samples.append(delayq_round(make, delays))
+            by_name[ASYNCIO].samples.append(asyncio_round(delays))
+        results.extend(by_name.values())
+    return results
+
+
+# -- memory -------------------------------------------------------------------------------
+def delayq_memory(make: Callable[[], Any], delays: list[float]) -> float:
+    handles: list[Any] = [None] * len(delays)
+    with make() as timer:
+        schedule_after = timer.schedule_after
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        for i, d in enumerate(delays):
+            handles[i] = schedule_after(d, _noop)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        timer.stop(wait=False)
+    return used / len(delays)
+
+
+def asyncio_memory(delays: list[float]) -> float:
+    async def body() -> float:
+        loop = asyncio.get_running_loop()
+        handles: list[Any] = [None] * len(delays)
+        call_later = loop.call_later
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        for i, d in enumerate(delays):
+            handles[i] = call_later(d, _noop)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        for handle in handles:
+            handle.cancel()
+        return used / len(delays)
+
+    return asyncio.run(body())
+
+
+def run_memory(cfg: Config, log: Callable[[str], None]) -> dict[str, float]:
+    rng = random.Random(3)
+    delays = [rng.uniform(1.0, 60.0) for _ in range(cfg.memory_timers)]
+    out: dict[str, float] = {}
+    for name, make in TIMERS.items():
+        log(f"memory: {name}")
+        out[name] = delayq_memory(make, delays)
+    log("memory: asyncio")
+    out[ASYNCIO] = asyncio_memory(delays)
+    return out
+
+
+def timingwheel_note() -> str:
+    try:
+        import timingwheel  # type: ignore[import-not-found]  # noqa: F401, PLC0415
+    except Exception as exc:  # ImportError, or the package's own import-time failure
+        return (
+            f"PyPI timingwheel: skipped, cannot import it ({type(exc).__name__}: {exc}); "
+            "version 0.4 (2016) also fails to build on Python 3.11 (its setup.py imports "
+            "the package: circular import of BaseWheel)"
+        )
+    return "PyPI timingwheel: skipped, installed, but it has no documented schedule/cancel API"
+
+
+# -- lateness, real time ---------------------------------------------------------------------
+def _wait(predicate: Callable[[], bool], timeout: float) -> None:
     end = monotonic() + timeout
     while not predicate():
         if monotonic() > end:
             raise TimeoutError("the timer did not catch up")
-        time.sleep(0.0002)
+        time.sleep(0.001)
 
 
-def delayq_throughput(make: Callable[..., Any], deadlines: list[float]) -> tuple[float, ...]:
-    clock = FakeClock(monotonic_start=START)
-    executor = CountingExecutor()
-    timer = make(clock=clock, executor=executor)
-    try:
-        gc.collect()
-        schedule = timer.schedule_at
-        t = cpu_time()
-        handles = [schedule(d, _noop) for d in deadlines]
-        scheduled = cpu_time() - t
-        cancelled = handles[::2]
-        t = cpu_time()
-        for handle in cancelled:
-            handle.cancel()
-        cancel = cpu_time() - t
-        live = sorted(handles[1::2], key=lambda h: h.deadline)
-        expected = len(live)
-        t = perf_counter()
-        index = 0
-        for step in range(1, 62):
-            # No need to wait for the driver to be asleep: it waits until
-            # absolute deadlines (Clock.wait_until), so advancing while it
-            # works cannot make it oversleep.
-            clock.advance_to(START + step)
-            now = START + step
-            while index < expected and live[index].deadline <= now - 0.011:
-                index += 1
-            target = index  # everything 11 ms (> one tick) before now has fired
-            _wait(lambda target=target: executor.count >= target)
-        _wait(lambda: executor.count == expected)
-        expire = perf_counter() - t
-    finally:
-        timer.stop()
-    n = len(deadlines)
-    return n / scheduled, len(cancelled) / cancel, expected / expire
-
-
-def delayq_memory(make: Callable[..., Any], deadlines: list[float]) -> float:
-    clock = FakeClock(monotonic_start=START)
-    timer = make(clock=clock, executor=CountingExecutor())
-    try:
-        schedule = timer.schedule_at
-        gc.collect()
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        handles = [schedule(d, _noop) for d in deadlines]
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert len(handles) == len(deadlines)
-    finally:
-        timer.stop()
-    return (peak - base) / len(deadlines)
-
-
-# -- asyncio call_at on fake time --------------------------------------------------------
-class FakeTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop whose ``time()`` is set by the benchmark."""
-
-    fake_now = START
-
-    def time(self) -> float:
-        return self.fake_now
-
-
-def asyncio_throughput(deadlines: list[float]) -> tuple[float, ...]:
-    loop = FakeTimeLoop()
-    fired = [0]
-
-    def count() -> None:
-        fired[0] += 1
-
-    try:
-        gc.collect()
-        call_at = loop.call_at
-        t = cpu_time()
-        handles = [call_at(d, count) for d in deadlines]
-        schedule_time = cpu_time() - t
-        cancelled = handles[::2]
-        t = cpu_time()
-        for handle in cancelled:
-            handle.cancel()
-        cancel = cpu_time() - t
-        expected = len(deadlines) - len(cancelled)
-        t = perf_counter()
-        scheduled = loop._scheduled  # type: ignore[attr-defined]
-        for step in range(1, 62):
-            loop.fake_now = START + step
-            # _run_once pops due timers and runs them; a ready no-op keeps its
-            # select() from blocking for real when the head is not due.
-            while scheduled and scheduled[0].when() <= loop.fake_now:
-                loop.call_soon(_noop)
-                loop._run_once()  # type: ignore[attr-defined]
-                scheduled = loop._scheduled  # type: ignore[attr-defined]  # may be rebuilt
-        expire = perf_counter() - t
-        assert fired[0] == expected, (fired[0], expected)
-    finally:
-        loop.close()
-    return len(deadlines) / schedule_time, len(cancelled) / cancel, expected / expire
-
-
-def asyncio_memory(deadlines: list[float]) -> float:
-    loop = FakeTimeLoop()
-    try:
-        call_at = loop.call_at
-        gc.collect()
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        handles = [call_at(d, _noop) for d in deadlines]
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert len(handles) == len(deadlines)
-    finally:
-        loop.close()
-    return (peak - base) / len(deadlines)
-
-
-def timingwheel_row() -> Row:
-    name = "PyPI timingwheel"
-    try:
-        import timingwheel  # type: ignore[import-not-found]  # noqa: F401, PLC0415
-    except Exception as exc:  # ImportError, or the package's own import-time failure
-        return Row(
-            name,
-            note=(
-                f"skipped: cannot import timingwheel ({type(exc).__name__}: {exc}); "
-                "version 0.4 (2016) also fails to build on Python 3.11 (its setup.py "
-                "imports the package: circular import of BaseWheel)"
-            ),
-        )
-    return Row(name, note="skipped: installed, but it has no documented schedule/cancel API")
-
-
-# -- lateness, real time ---------------------------------------------------------------------
 def delayq_lateness(make: Callable[[], Any], cfg: Config, seed: int) -> list[float]:
     rng = random.Random(seed)
     n = cfg.lateness_timers
@@ -298,68 +295,81 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# -- running and rendering ------------------------------------------------------------------
-def best(results: list[tuple[float, ...]]) -> tuple[float, ...]:
-    return tuple(max(column) for column in zip(*results, strict=True))
-
-
-def run_throughput(cfg: Config, log: Callable[[str], None]) -> list[Row]:
-    rng = random.Random(42)
-    deadlines = [START + rng.uniform(0, 60.0) for _ in range(cfg.timers)]
-    rows: list[Row] = []
-    for name, make in TIMERS.items():
-        log(f"throughput: {name}")
-        sched, cancel, expire = best(
-            [delayq_throughput(make, deadlines) for _ in range(cfg.repeats)]
-        )
-        log(f"memory: {name}")
-        rows.append(Row(name, sched, cancel, expire, delayq_memory(make, deadlines)))
-    log("throughput: asyncio")
-    sched, cancel, expire = best([asyncio_throughput(deadlines) for _ in range(cfg.repeats)])
-    rows.append(Row("asyncio call_at/cancel", sched, cancel, expire, asyncio_memory(deadlines)))
-    rows.append(timingwheel_row())
-    return rows
-
-
 def run_lateness(cfg: Config, log: Callable[[str], None]) -> list[tuple[str, float, list[float]]]:
     out: list[tuple[str, float, list[float]]] = []
     for name, make, tick in (
+        ("TimingWheel (1 ms, 20 slots)", TimingWheel, 0.001),
         ("HashedWheelTimer (10 ms, 512 slots)", HashedWheelTimer, 0.010),
         ("HashedWheelTimer (1 ms, 512 slots)", lambda: HashedWheelTimer(tick=0.001), 0.001),
-        ("TimingWheel (1 ms, 20 slots)", TimingWheel, 0.001),
         ("DelayQueueTimer (heap)", DelayQueueTimer, 0.0),
     ):
         log(f"lateness: {name}")
+        gc.collect()
         out.append((name, tick, delayq_lateness(make, cfg, seed=7)))
     log("lateness: asyncio")
+    gc.collect()
     out.append(("asyncio call_at", 0.0, asyncio_lateness(cfg, seed=7)))
     return out
 
 
-def _rate(value: float) -> str:
-    return f"{value / 1e6:.2f} M/s" if value else "-"
+# -- rendering ------------------------------------------------------------------------------
+def _rate(n: float, seconds: float) -> str:
+    return f"{n / seconds / 1e6:.2f} M/s"
 
 
-def render(rows: list[Row], lateness: list[tuple[str, float, list[float]]], cfg: Config) -> str:
-    asyncio_row = next(r for r in rows if r.name.startswith("asyncio"))
-    base = 1.0 / asyncio_row.schedule + 1.0 / asyncio_row.cancel
+def render(
+    results: list[Result],
+    memory: dict[str, float],
+    lateness: list[tuple[str, float, list[float]]],
+    cfg: Config,
+    load: tuple[float, float],
+) -> str:
     lines = [
-        f"Timers: {cfg.timers:,} scheduled with delays in [0, 60) s, every other one "
-        f"cancelled, the rest expired by advancing fake time in 1 s steps "
-        f"(best of {cfg.repeats})",
+        "Schedule + cancel on a running timer: N delays in [1, 60) s, then cancel() on every "
+        "other handle; rates per CPU second, median of interleaved rounds "
+        f"({cfg.rounds} rounds, 3 at 1M)",
         "",
-        "| timer | schedule | cancel | expire | schedule+cancel vs asyncio | bytes/timer |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| pending | timer | schedule_after | schedule_at | cancel "
+        "| after+cancel vs asyncio | at+cancel vs asyncio |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in rows:
-        if r.note:
-            lines.append(f"| {r.name} | {r.note} | | | | |")
-            continue
-        ratio = base / (1.0 / r.schedule + 1.0 / r.cancel)
-        lines.append(
-            f"| {r.name} | {_rate(r.schedule)} | {_rate(r.cancel)} | {_rate(r.expire)} "
-            f"| {ratio:.2f}x | {r.bytes_per_timer:.0f} |"
-        )
+    verdicts: list[str] = []
+    for size in cfg.sizes:
+        rows = [r for r in results if r.size == size]
+        base = next(r for r in rows if r.name == ASYNCIO)
+        base_after = base.median("after") + base.median("cancel")
+        base_at = base.median("at") + base.median("cancel")
+        for r in rows:
+            after = r.median("after")
+            at = r.median("at")
+            cancel = r.median("cancel")
+            ratio_after = base_after / (after + cancel)
+            ratio_at = base_at / (at + cancel)
+            lines.append(
+                f"| {size:,} | {r.name} | {_rate(size, after)} | {_rate(size, at)} "
+                f"| {_rate(size // 2, cancel)} | {ratio_after:.2f}x | {ratio_at:.2f}x |"
+            )
+            if r.name in TARGETS and size >= 200_000:
+                ok = min(ratio_after, ratio_at) >= 2.0
+                verdicts.append(
+                    f"{r.name} at {size:,}: {min(ratio_after, ratio_at):.2f}x asyncio, "
+                    f"target >= 2x {'met' if ok else 'MISSED'}"
+                )
+    lines += [
+        "",
+        f"Memory: bytes per pending timer, {cfg.memory_timers:,} scheduled with schedule_after "
+        "(handle, deadline and the timer's structure; the caller's list not counted)",
+        "",
+        "| timer | bytes / pending timer |",
+        "| --- | ---: |",
+    ]
+    for name, used in memory.items():
+        lines.append(f"| {name} | {used:.0f} |")
+        if name in TARGETS:
+            verdicts.append(
+                f"{name}: {used:.0f} bytes per pending timer, target <= 100 "
+                f"{'met' if used <= 100 else 'MISSED'}"
+            )
     lines += [
         "",
         f"Lateness: {cfg.lateness_timers:,} timers due uniformly over {cfg.lateness_span:g} s "
@@ -369,19 +379,34 @@ def render(rows: list[Row], lateness: list[tuple[str, float, list[float]]], cfg:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, tick, late in lateness:
+        p99 = percentile(late, 0.99)
         lines.append(
-            f"| {name} | {percentile(late, 0.5):.2f} | {percentile(late, 0.99):.2f} "
+            f"| {name} | {percentile(late, 0.5):.2f} | {p99:.2f} "
             f"| {max(late):.2f} | {min(late):.3f} | {tick * 1000 + 2:.0f} |"
         )
-    lines += ["", machine()]
+        if name in TARGETS or name.startswith("HashedWheelTimer (1 ms"):
+            target = tick * 1000 + 2
+            verdicts.append(
+                f"{name}: lateness p99 {p99:.2f} ms, target <= {target:.0f} ms "
+                f"{'met' if p99 <= target else 'MISSED'}"
+            )
+    lines += ["", timingwheel_note(), "", *verdicts, "", machine(load)]
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(load: tuple[float, float]) -> str:
     return (
         f"Python {platform.python_version()} on {platform.system()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs"
+        f"{os.cpu_count()} CPUs; 1-minute load average {load[0]:.2f} at the start, "
+        f"{load[1]:.2f} at the end"
     )
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not on Linux
+        return float("nan")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -394,9 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     print("In-process timers" + (" (quick)" if args.quick else ""))
-    rows = run_throughput(cfg, log)
+    load_start = _load()
+    results = run_schedule_cancel(cfg, log)
+    memory = run_memory(cfg, log)
     lateness = run_lateness(cfg, log)
-    print(render(rows, lateness, cfg))
+    print(render(results, memory, lateness, cfg, (load_start, _load())))
     return 0
 
 

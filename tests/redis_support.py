@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -84,7 +85,7 @@ class RedisServer:
         self.binary = str(binary)
         self.directory = directory
         self.args = args
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -145,10 +146,25 @@ def _pings(client: redis.Redis) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+PRIVATE_PORTS = range(17000, 17100)
+"""Ports for private redis-servers of the tests (their cluster bus ports are +10000)."""
+SENTINEL_PORTS = range(26400, 26500)
+"""Ports for private sentinels of the tests."""
+
+
+def free_port(ports: range = PRIVATE_PORTS) -> int:
+    """A port of ``ports`` nobody listens on now (tried from a random start, so
+    parallel test processes rarely race for the same one)."""
+    start = random.randrange(len(ports))
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    pytest.fail(f"no free port in {ports.start}-{ports.stop - 1} for a private redis-server")
 
 
 @contextmanager

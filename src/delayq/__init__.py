@@ -7,6 +7,7 @@ time.
 
 from __future__ import annotations
 
+from delayq.aio import AsyncDelayQ
 from delayq.app import DelayQ, JobContext
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff
 from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
@@ -31,6 +32,7 @@ from delayq.errors import (
     Unsupported,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.recurring import MissedRuns, Schedule
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
@@ -42,6 +44,7 @@ from delayq.worker import JobResult, Worker, WorkerStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncDelayQ",
     "AsyncDelayQueue",
     "BackendError",
     "BackendUnavailable",
@@ -71,6 +74,7 @@ __all__ = [
     "JobResult",
     "JobState",
     "Misfire",
+    "MissedRuns",
     "MissingDependency",
     "PayloadTooLarge",
     "QueueClosed",
@@ -78,6 +82,7 @@ __all__ = [
     "RescheduleOutcome",
     "RetryQueue",
     "SYSTEM_CLOCK",
+    "Schedule",
     "ScheduleBackoff",
     "StaleClaim",
     "SystemClock",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from numbers import Real
 
-from delayq.errors import InvalidDelay, InvalidJobId
+from delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
 
 MAX_JOB_ID_LENGTH = 255
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 control characters
 _INF = math.inf
+_BIG_INT = 2**1000  # ints beyond this may not convert to float: the slow path checks them
 
 
 def check_seconds(value: object, name: str = "delay") -> float:
@@ -25,17 +28,31 @@ def check_seconds(value: object, name: str = "delay") -> float:
     if type(value) is float:
         if -_INF < value < _INF:  # False for NaN and the infinities
             return value
-    elif type(value) is int:
+    elif type(value) is int and -_BIG_INT < value < _BIG_INT:
         return float(value)
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidDelay(
             f"{name} must be a number of seconds (int or float), got {value!r} "
             f"of type {type(value).__name__}"
         )
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        seconds = _INF
     if not math.isfinite(seconds):
         raise InvalidDelay(f"{name} must be a finite number of seconds, got {value!r}")
     return seconds
+
+
+def check_option_seconds(value: object, name: str, *, allow_zero: bool = False) -> float:
+    """Return an option given in seconds (a lease, a timeout, a grace period) as a
+    float, or raise :class:`InvalidOption` naming it: finite, and > 0 (>= 0 with
+    ``allow_zero``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOption(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise InvalidOption(f"{name} must be {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return float(value)
 
 
 def check_datetime(value: object, name: str = "at") -> float:
@@ -77,9 +94,8 @@ def check_job_id(value: object) -> str:
         raise InvalidJobId(
             f"job_id is {len(value)} characters; at most {MAX_JOB_ID_LENGTH} are allowed"
         )
-    for ch in value:
-        if ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0:
-            raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
+    if _CONTROL.search(value) is not None:
+        raise InvalidJobId(f"job_id must not contain control characters, got {value!r}")
     problem = utf8_problem(value)
     if problem is not None:
         raise InvalidJobId(f"job_id {problem}: {value!r}")

@@ -24,17 +24,26 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import math
 import os
+import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from delayq._validate import check_datetime, check_job_id, check_seconds, utf8_problem
+from delayq._validate import (
+    check_datetime,
+    check_job_id,
+    check_option_seconds,
+    check_seconds,
+    utf8_problem,
+)
 from delayq.backends import Backend, open_backend
+from delayq.backends._common import check_list_cursor
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
@@ -52,8 +61,12 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
+from delayq.recurring import TICK_HANDLER, Schedule
+from delayq.recurring_manager import RecurringSchedules
 
-__all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext"]
+__all__ = ["MAX_DELAY", "URL_ENV", "DelayQ", "Handler", "JobContext", "ProducerHook"]
+
+log = logging.getLogger("delayq.app")
 
 URL_ENV = "DELAYQ_URL"
 """Environment variable read by ``DelayQ()`` (and the CLI) when no URL is given."""
@@ -75,6 +88,24 @@ WhenArg = datetime | float | int
 _SCHEDULE_KEYS = frozenset(
     {"name", "payload", "delay", "at", "job_id", "max_attempts", "backoff", "misfire"}
 )
+
+
+class ProducerHook(Protocol):
+    """Sees what a :class:`DelayQ` stores and cancels: metrics, tracing.
+
+    ``before_enqueue`` may return annotated specs (same ids, same names); an
+    error there stores nothing. ``after_enqueue`` and ``after_cancel`` run once
+    the store answered; an error there is logged, never raised, because the
+    job is stored (or cancelled) whatever the observer thinks.
+    """
+
+    def before_enqueue(self, specs: list[JobSpec]) -> list[JobSpec]: ...
+
+    def after_enqueue(
+        self, specs: Sequence[JobSpec], outcomes: Sequence[EnqueueOutcome]
+    ) -> None: ...
+
+    def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +143,14 @@ class Handler:
 
     ``takes_context`` is true when the function accepts a second positional
     argument: it is then called as ``fn(payload, ctx)``, else as ``fn(payload)``.
+    ``timeout`` (seconds, None for the worker's default) bounds one attempt.
     """
 
     name: str
     fn: Callable[..., Any]
     is_async: bool
     takes_context: bool
+    timeout: float | None = None
 
     def call(self, payload: Any, ctx: JobContext) -> Any:
         """Call the function (returns a coroutine for an async handler)."""
@@ -291,6 +324,9 @@ class DelayQ:
     are stored with the job, so a worker always uses the policy the job was
     scheduled with.
 
+    ``rng`` draws the jitter of recurring schedules' occurrences (pass a seeded
+    ``random.Random`` to make it exact in tests); see :meth:`recurring`.
+
     Thread-safe: ``_lock`` guards ``_handlers`` (registration); everything else
     is immutable after construction or delegated to the thread-safe backend.
     """
@@ -305,6 +341,7 @@ class DelayQ:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: BackoffArg = None,
         misfire: MisfireArg = "run",
+        rng: random.Random | None = None,
         **backend_options: Any,
     ) -> None:
         if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
@@ -318,6 +355,7 @@ class DelayQ:
         self._default_misfire = self._misfire_spec(misfire)
         self._lock = threading.Lock()
         self._handlers: dict[str, Handler] = {}
+        self._hooks: tuple[ProducerHook, ...] = ()  # replaced whole, read without the lock
         if backend is not None:
             if url is not None or backend_options:
                 raise ConfigurationError(
@@ -344,9 +382,12 @@ class DelayQ:
                 ) from exc
             self._owns_backend = True
         self._closed = False
+        self._recurring = RecurringSchedules(self, rng=rng)
 
     # -- handlers -----------------------------------------------------------
-    def handler(self, name: str, *, replace: bool = False) -> Callable[[F], F]:
+    def handler(
+        self, name: str, *, replace: bool = False, timeout: float | None = None
+    ) -> Callable[[F], F]:
         """Register the decorated function (sync or async) under ``name``.
 
         The function is called as ``fn(payload)`` or, when it accepts a second
@@ -357,18 +398,37 @@ class DelayQ:
         ``functools.wraps`` (it runs on the worker's event loop); whatever a
         handler returns that is awaitable is awaited before the job counts as
         succeeded.
+
+        ``timeout`` (seconds) bounds one attempt; past it the attempt counts as
+        failed and is retried by the job's backoff (the worker's ``timeout``
+        applies when it is None). An async handler is cancelled; a sync one
+        cannot be interrupted: its thread is left to it and its late result
+        is ignored.
         """
         _check_name(name)
+        if timeout is not None:
+            check_option_seconds(timeout, "timeout")
 
         def register(fn: F) -> F:
-            self.register(name, fn, replace=replace)
+            self.register(name, fn, replace=replace, timeout=timeout)
             return fn
 
         return register
 
-    def register(self, name: str, fn: Callable[..., Any], *, replace: bool = False) -> Handler:
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        replace: bool = False,
+        timeout: float | None = None,
+    ) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         _check_name(name)
+        if timeout is not None:
+            timeout = check_option_seconds(timeout, "timeout")
+        if name == TICK_HANDLER:
+            raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
             raise ConfigurationError(f"handler {name!r} must be callable, got {fn!r}")
         entry = Handler(
@@ -376,6 +436,7 @@ class DelayQ:
             fn=fn,
             is_async=_is_async_callable(fn),
             takes_context=_takes_context(name, fn),
+            timeout=timeout,
         )
         with self._lock:
             if name in self._handlers and not replace:
@@ -394,7 +455,10 @@ class DelayQ:
     def get_handler(self, name: str) -> Handler | None:
         """The handler registered under ``name``, or None."""
         with self._lock:
-            return self._handlers.get(name)
+            found = self._handlers.get(name)
+        if found is None and name == TICK_HANDLER:  # built in: recurring schedules' ticks
+            return self._recurring_tick
+        return found
 
     # -- producers ----------------------------------------------------------
     def schedule(
@@ -409,12 +473,14 @@ class DelayQ:
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        connection: object = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
-        Give exactly one of ``delay`` (seconds or a ``timedelta``; <= 0 means
+        Give at most one of ``delay`` (seconds or a ``timedelta``; <= 0 means
         now) or ``at`` (an aware ``datetime`` or epoch seconds; a past time means
-        now). ``job_id`` makes scheduling idempotent: an existing id is rejected
+        now); with neither, the job is due now. ``job_id`` makes scheduling
+        idempotent: an existing id is rejected
         (:class:`~delayq.errors.JobConflict`), kept (``on_conflict="keep"``) or
         replaced (``"replace"``, e.g. to debounce). ``payload`` must be JSON data.
 
@@ -432,6 +498,10 @@ class DelayQ:
         skips only jobs later than that, which is the way to skip what piled up
         while no worker ran without dropping jobs that merely waited in a queue.
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
+
+        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
+        ``Connection`` / ``Session``) writes the job inside that connection's
+        transaction: it exists if and only if the caller's transaction commits.
         """
         policy = check_on_conflict(on_conflict)
         spec = self.build(
@@ -444,6 +514,8 @@ class DelayQ:
             backoff=backoff,
             misfire=misfire,
         )
+        if self._hooks or connection is not None:
+            return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
 
@@ -453,7 +525,7 @@ class DelayQ:
         """Schedule a batch atomically (one transaction); return the ids in order.
 
         Each item is a mapping of :meth:`schedule`'s arguments (``name``,
-        ``payload``, ``delay`` or ``at``, ``job_id``, ``max_attempts``,
+        ``payload``, ``delay`` or ``at`` or neither for "now", ``job_id``, ``max_attempts``,
         ``backoff``, ``misfire``). Every item is validated before anything is
         stored; an error names the item (``jobs[3]: ...``).
         """
@@ -497,14 +569,45 @@ class DelayQ:
             seen.add(spec.id)
             specs.append(spec)
         if specs:
-            self._backend.enqueue(specs, on_conflict=policy)
+            specs = self._store(specs, policy)[0]
         return [s.id for s in specs]
 
     def enqueue(
         self, specs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         """Store already-built specs (see :meth:`build`) and report each outcome."""
-        return self._backend.enqueue(specs, on_conflict=check_on_conflict(on_conflict))
+        return self._store(list(specs), check_on_conflict(on_conflict))[1]
+
+    def add_hook(self, hook: ProducerHook) -> None:
+        """Have ``hook`` see every enqueue and cancel of this app (see :class:`ProducerHook`)."""
+        with self._lock:
+            self._hooks = (*self._hooks, hook)
+
+    def _store(
+        self, specs: list[JobSpec], policy: OnConflict, connection: Any = None
+    ) -> tuple[list[JobSpec], list[EnqueueOutcome]]:
+        """Enqueue ``specs`` through the hooks (in the caller's transaction when
+        ``connection`` is given); the specs stored and their outcomes."""
+        hooks = self._hooks
+        for hook in hooks:
+            specs = hook.before_enqueue(specs)
+        if connection is None:
+            outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        elif "transactional_enqueue" in getattr(self._backend, "features", ()):
+            outcomes = self._backend.enqueue(  # type: ignore[call-arg]
+                specs, on_conflict=policy, connection=connection
+            )
+        else:
+            raise InvalidOption(
+                f"connection= joins a database transaction; {self._backend.url} cannot "
+                f"(only stores with the 'transactional_enqueue' feature, like postgresql://)"
+            )
+        for hook in hooks:
+            try:
+                hook.after_enqueue(specs, outcomes)
+            except Exception:
+                log.exception("a producer hook failed after enqueue (the jobs are stored)")
+        return specs, outcomes
 
     def build(
         self,
@@ -533,7 +636,14 @@ class DelayQ:
 
     def cancel(self, job_id: str) -> CancelOutcome:
         """Cancel a scheduled job: cancelled, running, finished or not found."""
-        return self._backend.cancel(check_job_id(job_id))
+        job_id = check_job_id(job_id)
+        outcome = self._backend.cancel(job_id)
+        for hook in self._hooks:
+            try:
+                hook.after_cancel(job_id, outcome)
+            except Exception:
+                log.exception("a producer hook failed after cancel (the outcome stands)")
+        return outcome
 
     def reschedule(
         self,
@@ -550,6 +660,80 @@ class DelayQ:
             return self._backend.reschedule(job_id, delay=run_at - now)
         return self._backend.reschedule(job_id, run_at)
 
+    # -- recurring schedules -------------------------------------------------
+    def recurring(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        handler: str | None = None,
+        start: WhenArg | None = None,
+        end: WhenArg | None = None,
+        jitter: float | timedelta = 0,
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: str = "latest",
+    ) -> Schedule:
+        """Store a recurring schedule (or change the stored one to this definition).
+
+        Give exactly one of ``cron`` (a cron expression, evaluated in ``tz``, a
+        ``zoneinfo`` name) or ``every`` (seconds or a ``timedelta``, at least 1
+        s). Each occurrence runs handler ``handler`` (default: ``name``) with
+        ``payload`` as an ordinary job with id ``<name>@<UTC time>`` and the job
+        options ``max_attempts`` / ``backoff``; ``jitter`` delays each one by a
+        random 0..jitter seconds. ``start`` / ``end`` bound the occurrences.
+        ``misfire`` decides what runs after downtime: ``"latest"`` (the latest
+        missed occurrence, once), ``"skip"`` (none) or ``"catchup:N"`` (the last
+        N). Calling it again with the same definition changes nothing (call it
+        at every start-up); a paused schedule stays paused. Needs a store with
+        the ``recurring`` feature. See :mod:`delayq.recurring`.
+        """
+        return self._recurring.add(
+            name,
+            cron=cron,
+            every=every,
+            tz=tz,
+            payload=payload,
+            handler=handler,
+            start=start,
+            end=end,
+            jitter=jitter,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            misfire=misfire,
+        )
+
+    def recurring_schedules(self) -> list[Schedule]:
+        """Every stored schedule, by name (``schedule.next_run(now)`` says when next)."""
+        return self._recurring.list_schedules()
+
+    def get_recurring(self, name: str) -> Schedule | None:
+        """The stored schedule named ``name``, or None."""
+        return self._recurring.get(name)
+
+    def update_recurring(self, name: str, **changes: Any) -> Schedule:
+        """Change some of a stored schedule's fields (``recurring``'s arguments)."""
+        return self._recurring.update(name, **changes)
+
+    def pause_recurring(self, name: str) -> bool:
+        """Stop a schedule's occurrences until resumed; False when there is none."""
+        return self._recurring.pause(name)
+
+    def resume_recurring(self, name: str) -> bool:
+        """Resume from the next occurrence (none of the paused ones); False when none."""
+        return self._recurring.resume(name)
+
+    def remove_recurring(self, name: str) -> bool:
+        """Delete a schedule: no later occurrence starts; False when there was none."""
+        return self._recurring.remove(name)
+
+    @functools.cached_property
+    def _recurring_tick(self) -> Handler:
+        return Handler(TICK_HANDLER, self._recurring.run_tick, is_async=False, takes_context=True)
+
     # -- inspection and dead letters ----------------------------------------
     def get(self, job_id: str) -> Job | None:
         """The job (state, attempts, due time, last error, outcome) or None."""
@@ -562,19 +746,29 @@ class DelayQ:
         due_after: WhenArg | None = None,
         due_before: WhenArg | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs (optionally of one state, due within a window) in due-time order."""
+        """Jobs (optionally of one state, handler ``name``, due within a window) in
+        due-time order; ``after=(job.run_at, job.id)`` of a page's last job gives
+        the next page (keyset pagination, see ``Backend.list_jobs``)."""
         if state is not None:
             try:
                 state = JobState(state)
             except ValueError:
                 known = ", ".join(s.value for s in JobState)
                 raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
+        extra: dict[str, Any] = {}  # only when given: a store may predate these two
+        if name is not None:
+            extra["name"] = _check_name(name)
+        if after is not None:
+            extra["after"] = self._cursor(after)
         return self._backend.list_jobs(
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
             due_before=None if due_before is None else check_datetime(due_before, "due_before"),
             limit=self._check_limit(limit),
+            **extra,
         )
 
     def stats(self) -> Stats:
@@ -677,6 +871,8 @@ class DelayQ:
         backoff / misfire values that are the very same immutable object as an
         earlier item's parsed only once.
         """
+        if delay is None and at is None:
+            delay = 0.0  # neither: due now, on the store's clock like any delay
         if job_id is not None:
             job_id = check_job_id(job_id)
         elif ids is not None:
@@ -742,7 +938,7 @@ class DelayQ:
         return check_seconds(value, field)
 
     def _run_at(self, delay: object, at: object, now: float) -> float:
-        if at is None and (type(delay) is float or type(delay) is int):
+        if at is None and (type(delay) is float or (type(delay) is int and -1e300 < delay < 1e300)):
             # The hot path (a plain number of seconds); anything unusual below.
             seconds = float(delay)
             if math.isfinite(seconds) and seconds <= MAX_DELAY:
@@ -791,6 +987,11 @@ class DelayQ:
                 f"job_ids must be a list of ids, got {type(job_ids).__name__} {job_ids!r}"
             )
         return job_ids
+
+    @staticmethod
+    def _cursor(after: object) -> tuple[float, str] | None:
+        cursor = check_list_cursor(after)
+        return None if cursor is None else (cursor[0], check_job_id(cursor[1]))
 
     @staticmethod
     def _check_limit(value: object) -> int:

@@ -33,10 +33,15 @@ from rich.table import Table
 
 from delayq.app import URL_ENV, DelayQ
 from delayq.backoff import parse_duration
+from delayq.bulk import schedule_many_command
 from delayq.demo import DemoConfig, run_demo
 from delayq.errors import DelayqError, InvalidInput
 from delayq.experiments import EXPERIMENTS
 from delayq.job import EnqueueOutcome, Job, JobState
+from delayq.logs import JsonFormatter
+from delayq.ops import WorkerOps
+from delayq.progress import progress
+from delayq.web.command import web as web_command
 from delayq.worker import Worker
 
 __all__ = ["main"]
@@ -282,10 +287,13 @@ def _load_app(target: str, url: str | None) -> DelayQ:
     return obj
 
 
-def _setup_logging(level: str) -> Callable[[], None]:
+def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
     handler: logging.Handler
-    if sys.stderr.isatty():
+    if log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+    elif sys.stderr.isatty():
         handler = RichHandler(show_path=False, rich_tracebacks=True)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
@@ -317,6 +325,11 @@ def _setup_logging(level: str) -> Callable[[], None]:
     default="info",
     show_default=True,
 )
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -327,6 +340,9 @@ def worker(
     batch: int | None,
     grace: str,
     log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Run the handlers of the DelayQ app TARGET ('package.module:app').
 
@@ -337,14 +353,21 @@ def worker(
     _require_durable(settings.url)
     with _errors():
         app = _load_app(target, settings.url)
+        ops = WorkerOps(
+            app,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            log_format="json" if log_format == "json" else "text",
+        )
         w = Worker(
             app,
             concurrency=concurrency,
             lease=_duration(lease, "--lease"),
             batch=batch,
             grace=_duration(grace, "--grace"),
+            on_result=ops.on_result,
         )
-    restore_logging = _setup_logging(log_level)
+    restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
     if settings.url is not None and app.url != settings.url:
         log.warning(
@@ -360,8 +383,11 @@ def worker(
         w.lease,
     )
     try:
+        with _errors():
+            ops.start()
         w.run()
     finally:
+        ops.close()
         stats = w.stats()
         log.info(
             "worker stopped: %d claimed, %d succeeded, %d retried, %d dead, %d skipped",
@@ -382,7 +408,11 @@ def _when_options(fn: F) -> F:
     return fn
 
 
-def _due(app: DelayQ, delay: str | None, at: str | None) -> dict[str, float]:
+def _due(
+    app: DelayQ, delay: str | None, at: str | None, *, now_by_default: bool = False
+) -> dict[str, float]:
+    if now_by_default and delay is None and at is None:
+        return {}  # schedule with neither: due now
     if (delay is None) == (at is None):
         raise _BadInput("give exactly one of --delay or --at")
     if delay is not None:
@@ -433,7 +463,7 @@ def schedule(
     except json.JSONDecodeError as exc:
         raise _BadInput(f"PAYLOAD must be JSON, e.g. '{{\"order\": 42}}': {exc}") from exc
     with _open_app(ctx) as app:
-        due = _due(app, delay, at)
+        due = _due(app, delay, at, now_by_default=True)
         # build + enqueue (not schedule) to learn whether the job was kept or replaced.
         spec = app.build(
             name,
@@ -458,6 +488,16 @@ def schedule(
         click.echo(f"replaced job {spec.id} ({shown}) due {due_text}")
     else:
         click.echo(f"scheduled {spec.id} ({shown}) due {due_text}")
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade a PostgreSQL store's schema (safe to run concurrently)."""
+    with _errors():
+        from delayq.backends.postgres.migrate import migrate_url  # noqa: PLC0415 (optional extra)
+
+        click.echo(migrate_url(ctx.obj.url))
 
 
 @cli.command()
@@ -628,8 +668,11 @@ def dead_requeue(
 ) -> None:
     """Give dead jobs a fresh set of attempts."""
     seconds = None if delay is None else _duration(delay, "--delay")
-    with _open_app(ctx) as app:
-        done = {job_id: app.requeue(job_id, delay=seconds) for job_id in job_ids}
+    done: dict[str, bool] = {}
+    with _open_app(ctx) as app, progress("requeueing", len(job_ids)) as advance:
+        for job_id in job_ids:
+            done[job_id] = app.requeue(job_id, delay=seconds)
+            advance(1)
     if as_json:
         _echo_json({job_id: ("requeued" if ok else "not_dead") for job_id, ok in done.items()})
     else:
@@ -657,7 +700,7 @@ def dead_purge(
     if not (job_ids or older_than or purge_all):
         raise _BadInput("say which dead jobs to purge: --id ID, --older-than 7d, or --all")
     age = None if older_than is None else _duration(older_than, "--older-than")
-    with _open_app(ctx) as app:
+    with _open_app(ctx) as app, progress("purging"):
         count = app.purge_dead(job_ids=list(job_ids) or None, older_than=age)
     if as_json:
         _echo_json({"purged": count})
@@ -727,3 +770,8 @@ def experiment(name: str) -> None:
         _fail(f"{module_name} has no run(out) function")
     entry: Callable[[TextIO], None] = module.run
     entry(sys.stdout)
+
+
+cli.add_command(web_command)
+cli.add_command(schedule_many_command)
+cli.add_command(importlib.import_module("delayq.cli_recurring").recurring)

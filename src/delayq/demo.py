@@ -20,6 +20,7 @@ about 10 s). The same cases, one per file and readable, are in ``examples/``.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import tempfile
 import threading
@@ -37,7 +38,7 @@ from rich.text import Text
 from delayq.app import DelayQ, JobContext
 from delayq.clock import SYSTEM_CLOCK
 from delayq.job import CancelOutcome, JobState
-from delayq.worker import JobResult, Worker, percentile
+from delayq.worker import JobResult, Worker
 
 __all__ = ["DemoConfig", "DemoSummary", "run_demo"]
 
@@ -89,7 +90,7 @@ class DemoSummary:
     dead: int = 0
     wrongly_cancelled: int = 0  # paid orders whose cancel job still fired
     unfinished: int = 0
-    lateness: list[float] = field(default_factory=list)
+    lateness: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # p50, p99, max (s)
     elapsed: float = 0.0
     db: str = ""
     problems: list[str] = field(default_factory=list)
@@ -99,12 +100,8 @@ class DemoSummary:
         return not self.problems
 
     def lateness_ms(self) -> tuple[float, float, float]:
-        s = self.lateness
-        return (
-            percentile(s, 50) * 1000,
-            percentile(s, 99) * 1000,
-            max(s, default=float("nan")) * 1000,
-        )
+        p50, p99, worst = self.lateness
+        return (p50 * 1000, p99 * 1000, worst * 1000)
 
 
 @dataclass(order=True, slots=True)
@@ -366,7 +363,12 @@ def _run(app: DelayQ, config: DemoConfig, console: Console) -> DemoSummary:
         worker_log.setLevel(level)
     console.print()
     summary.elapsed = SYSTEM_CLOCK.monotonic() - start
-    summary.lateness = worker.lateness_samples()
+    worker_stats = worker.stats()
+    summary.lateness = (
+        worker_stats.lateness_p50,
+        worker_stats.lateness_p99,
+        worker_stats.lateness_max,
+    )
     stats = app.stats()
     summary.unfinished = stats.scheduled + stats.running
     _check(summary, app)

@@ -21,6 +21,4 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(
-    name="memory", open=_open, features=frozenset({"clock", "definite_cancel", "inspect"})
-)
+FACTORY = BackendFactory(name="memory", open=_open, features=MemoryBackend.features)

@@ -28,6 +28,6 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
 FACTORY = BackendFactory(
     name="redis",
     open=_open,
-    features=frozenset({"clock", "shared", "durable", "definite_cancel", "inspect"}),
+    features=RedisBackend.features,
     marks=(pytest.mark.redis,),
 )

@@ -22,8 +22,4 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(
-    name="sqlite",
-    open=_open,
-    features=frozenset({"clock", "shared", "durable", "definite_cancel", "inspect"}),
-)
+FACTORY = BackendFactory(name="sqlite", open=_open, features=SQLiteBackend.features)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from delayq.backends.base import Backend
-from delayq.errors import InvalidOption, JobConflict, StaleClaim
+from delayq.errors import InvalidOption, JobConflict, QueueClosed, StaleClaim
 from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
 from tests.contract._support import spec
@@ -786,6 +786,14 @@ def test_the_store_implements_the_backend_protocol(backend: Backend) -> None:
     assert isinstance(backend.url, str) and "://" in backend.url
 
 
-def test_close_is_idempotent(backend: Backend) -> None:
+def test_close_is_idempotent_and_a_closed_store_refuses_calls_clearly(
+    backend: Backend, clock: FakeClock
+) -> None:
     backend.close()
     backend.close()
+    with pytest.raises(QueueClosed):
+        backend.enqueue([spec("late", clock.time())])
+    with pytest.raises(QueueClosed):
+        backend.claim(limit=1, lease=LEASE, now=clock.time())
+    with pytest.raises(QueueClosed):
+        backend.get("late")

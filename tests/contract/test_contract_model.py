@@ -80,9 +80,13 @@ class Model:
         self.jobs = staged
         return outcomes
 
-    def expire_leases(self, now: float) -> None:
-        for job in self.jobs.values():
+    def expire_leases(self, now: float, only: str | None = None) -> None:
+        """End the leases that ran out by ``now`` (of job ``only``, when given: a
+        cancel or reschedule ends the lease of the job it touches)."""
+        for job_id, job in self.jobs.items():
             lease_until = job.lease_until
+            if only is not None and job_id != only:
+                continue
             if job.state is JobState.RUNNING and lease_until is not None and lease_until <= now:
                 if job.attempts >= job.max_attempts:
                     job.state = JobState.DEAD
@@ -150,13 +154,14 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
 
         @rule(job_id=st.sampled_from(IDS))
         def cancel(self, job_id: str) -> None:
+            self.model.expire_leases(self.now, only=job_id)  # an expired lease is not running
             job = self.model.jobs.get(job_id)
             if job is None:
                 expected = CancelOutcome.NOT_FOUND
             elif job.state is JobState.RUNNING:
                 expected = CancelOutcome.RUNNING
             elif job.state is JobState.SCHEDULED:
-                expected = CancelOutcome.CANCELLED
+                expected = CancelOutcome.done(job.attempts)
                 job.state = JobState.CANCELLED
             else:
                 expected = CancelOutcome.FINISHED
@@ -164,13 +169,14 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
 
         @rule(job_id=st.sampled_from(IDS), offset=st.integers(min_value=-3, max_value=20))
         def reschedule(self, job_id: str, offset: int) -> None:
+            self.model.expire_leases(self.now, only=job_id)
             job = self.model.jobs.get(job_id)
             if job is None:
                 expected = RescheduleOutcome.NOT_FOUND
             elif job.state is JobState.RUNNING:
                 expected = RescheduleOutcome.RUNNING
             elif job.state is JobState.SCHEDULED:
-                expected = RescheduleOutcome.RESCHEDULED
+                expected = RescheduleOutcome.done(job.attempts)
                 job.run_at = self.now + offset
             else:
                 expected = RescheduleOutcome.FINISHED

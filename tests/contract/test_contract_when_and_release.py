@@ -126,6 +126,17 @@ def _bad(**changes: object) -> JobSpec:
         (_bad(delay=float("inf")), InvalidDelay),
         (_bad(name=""), InvalidOption),
         (_bad(backoff="fast"), InvalidOption),
+        # One checker for every store: delayq errors, never a codec or driver error.
+        (_bad(name="x\ud800"), InvalidOption),
+        (_bad(misfire="\udcff"), InvalidOption),
+        (_bad(payload='"\ud800"'), InvalidPayload),
+        (_bad(payload="[" * 100_000 + "]" * 100_000), InvalidPayload),
+        (_bad(payload="NaN"), InvalidPayload),
+        (_bad(backoff={"kind": object()}), InvalidOption),
+        (_bad(backoff={"base": float("nan")}), InvalidOption),
+        (_bad(delay=10**400), InvalidDelay),
+        (_bad(run_at=10**400), InvalidDelay),
+        (_bad(created_at=10**400), InvalidOption),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else "",
 )

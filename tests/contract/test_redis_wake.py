@@ -62,7 +62,7 @@ class Sleeper:
 
     @property
     def blocked(self) -> bool:
-        return bool(self.backend._in_redis)
+        return bool(self.backend._wakes._in_redis)
 
 
 def test_a_claim_taking_the_earliest_lease_wakes_a_worker_the_enqueue_token_missed(

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from delayq import DelayQ
-from delayq.backends import redis as redis_backend_module
 from delayq.backends.redis import RedisBackend
+from delayq.backends.redis import _store as redis_store_module
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 from delayq.job import Claim, JobSpec, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
@@ -94,7 +94,7 @@ def test_a_waiting_worker_wakes_when_another_process_enqueues_an_earlier_job(
     producer.enqueue([spec("far", server_time(producer) + 3600)])
     worker._redis.delete(worker._keys["wake"])  # drop the token that enqueue left
     waiter = Waiter(worker, max_wait=60)
-    assert wait_until(lambda: bool(worker._waiters), timeout=5)
+    assert wait_until(lambda: bool(worker._wakes._waiters), timeout=5)
     assert not waiter.done.wait(0.2)
     producer.enqueue([spec("near", server_time(producer) + 0.05)])
     assert waiter.done.wait(5), "the waiter was not woken by the earlier job"
@@ -107,6 +107,7 @@ def test_wait_for_due_returns_at_the_due_time_on_the_server_clock(
     backend = open_redis()
     run_at = server_time(backend) + 0.3
     backend.enqueue([spec("j", run_at)])
+    backend._redis.delete(backend._keys["wake"])  # the token enqueue left is not a wake-up
     wakeups = 0
     while not backend.claim(limit=1, lease=30):
         assert wakeups < 3, "woken more often than the head of the due set changed"
@@ -127,7 +128,7 @@ def test_interrupt_wakes_a_thread_blocked_in_redis(
 def test_close_wakes_a_blocked_waiter(open_redis: Callable[..., RedisBackend]) -> None:
     backend = open_redis()
     waiter = Waiter(backend, max_wait=60)
-    assert wait_until(lambda: bool(backend._waiters), timeout=5)
+    assert wait_until(lambda: bool(backend._wakes._waiters), timeout=5)
     backend.close()
     assert waiter.done.wait(5)
 
@@ -419,7 +420,7 @@ def test_a_claim_whose_reply_is_lost_is_retried_and_returns_the_same_claims(
         now = server_time(backend)
         backend.enqueue([spec(f"j{i}", now - 10 + i, max_attempts=1) for i in range(6)])
         assert backend.claim(limit=1, lease=1.0, now=0.0) == []  # loads the script
-        proxy.trigger = backend._scripts["claim"].sha.encode()
+        proxy.trigger = backend._conn.sha("claim").encode()
         first = backend.claim(limit=3, lease=1.0)  # the first attempt's reply is lost
         assert proxy.dropped.is_set()
         assert [c.job.id for c in first] == ["j0", "j1", "j2"]
@@ -488,7 +489,7 @@ def test_an_unreadable_job_hash_is_buried_and_the_other_jobs_of_the_claim_are_cl
 def test_a_claim_drops_a_bounded_number_of_expired_finished_records(
     open_redis: Callable[..., RedisBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_backend_module, "PURGE_BATCH", 10)
+    monkeypatch.setattr(redis_store_module, "PURGE_BATCH", 10)
     backend = open_redis()
     index = backend._keys["succeeded"]
     backend._redis.zadd(index, {f"old{i}": 1000.0 + i for i in range(25)})  # long expired

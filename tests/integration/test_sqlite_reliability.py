@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = textwrap.dedent(
     """
-    import os, sys, threading
+    import os, sys, threading, time
     from delayq import DelayQ, Worker
 
     url, side_file = sys.argv[1], sys.argv[2]
@@ -53,8 +53,25 @@ WORKER = textwrap.dedent(
         threading.Event().wait(payload["seconds"])
         record(f"done {ctx.id}")
 
+    @app.handler("until-released")
+    def until_released(payload, ctx):
+        # Runs until the test creates the release file (never longer than 60 s).
+        record(f"start {ctx.id}")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(payload["release"]) and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+        record(f"done {ctx.id}")
+
+    worker = Worker(app, concurrency=concurrency, lease=lease, grace=10)
+    stop = worker.stop
+
+    def stop_and_say_so(*args, **kwargs):
+        stop(*args, **kwargs)
+        record("stopping")  # the stop request has been taken: no more claims
+
+    worker.stop = stop_and_say_so
     record("ready")
-    Worker(app, concurrency=concurrency, lease=lease, grace=10).run()
+    worker.run()
     record("exited")
     """
 )
@@ -217,11 +234,15 @@ def test_two_workers_on_one_file_run_each_job_exactly_once(
         ]
         assert retried == []  # no lease expired
     runs = Counter(
-        line for side in sides for line in lines(side) if line not in ("ready", "exited")
+        line
+        for side in sides
+        for line in lines(side)
+        if line not in ("ready", "exited", "stopping")
     )
     assert set(runs) == set(ids)  # none missing, none unknown
     assert [job_id for job_id, n in runs.items() if n > 1] == []  # none ran twice
-    assert all(lines(side)[-1] == "exited" for side in sides)
+    # "stopping" is written by the signal thread and may land after "exited"
+    assert all([x for x in lines(side) if x != "stopping"][-1] == "exited" for side in sides)
 
 
 def test_sigterm_lets_the_running_handler_finish_and_exits_cleanly(
@@ -229,14 +250,19 @@ def test_sigterm_lets_the_running_handler_finish_and_exits_cleanly(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     side = tmp_path / "runs.txt"
+    release = tmp_path / "release"
     with DelayQ(url) as app:
-        running = app.schedule("slow", {"seconds": 1.0}, delay=0, job_id="running")
-        waiting = app.schedule("slow", {"seconds": 1.0}, delay=0, job_id="waiting")
+        payload = {"release": str(release)}
+        running = app.schedule("until-released", payload, delay=0, job_id="running")
+        waiting = app.schedule("until-released", payload, delay=0, job_id="waiting")
     worker = children.worker(url, side, lease=30.0, concurrency=1)
     assert wait_until(lambda: f"start {running}" in lines(side), 30), children.logs()
     worker.send_signal(signal.SIGTERM)
+    # The handler is still running when the stop is taken; only then may it finish.
+    assert wait_until(lambda: "stopping" in lines(side), 30), children.logs()
+    release.touch()
     assert worker.wait(30) == 0, children.logs()
-    assert lines(side)[-2:] == [f"done {running}", "exited"]
+    assert lines(side)[-3:] == ["stopping", f"done {running}", "exited"]
     with DelayQ(url) as app:
         first, second = app.get(running), app.get(waiting)
         assert first is not None and first.state is JobState.SUCCEEDED

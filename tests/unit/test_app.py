@@ -65,6 +65,41 @@ def test_schedule_at_epoch_seconds(app: DelayQ) -> None:
     assert job is not None and job.run_at == T0 + 5
 
 
+def test_schedule_with_neither_delay_nor_at_is_due_now(app: DelayQ) -> None:
+    job = app.get(app.schedule("x", {"n": 1}))
+    assert job is not None and job.run_at == T0 and job.state is JobState.SCHEDULED
+    [first, second] = app.schedule_many([{"name": "x"}, {"name": "x", "payload": 2}])
+    assert [j.id for j in app.list_jobs()] == [job.id, first, second]  # FIFO among "now"
+
+
+def test_reschedule_still_needs_a_due_time(app: DelayQ) -> None:
+    job_id = app.schedule("x")
+    with pytest.raises(InvalidOption, match="exactly one"):
+        app.reschedule(job_id)
+
+
+def test_hooks_see_what_is_stored_and_cancelled_and_cannot_undo_it(app: DelayQ) -> None:
+    seen: list[tuple[str, object]] = []
+
+    class Hook:
+        def before_enqueue(self, specs: list[Any]) -> list[Any]:
+            seen.extend(("before", s.id) for s in specs)
+            return specs
+
+        def after_enqueue(self, specs: Any, outcomes: Any) -> None:
+            seen.extend(("after", o) for o in outcomes)
+            raise ValueError("an observer's bug")
+
+        def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None:
+            seen.append(("cancel", outcome))
+
+    app.add_hook(Hook())
+    job_id = app.schedule("x", job_id="j1")
+    assert app.get(job_id) is not None  # the hook's error did not unstore it
+    assert app.cancel(job_id) is CancelOutcome.CANCELLED
+    assert seen == [("before", "j1"), ("after", "created"), ("cancel", CancelOutcome.CANCELLED)]
+
+
 def test_a_past_due_time_or_negative_delay_means_now(app: DelayQ) -> None:
     a = app.get(app.schedule("x", at=T0 - 3600))
     b = app.get(app.schedule("x", delay=-5))

@@ -199,7 +199,7 @@ def test_poll_peek_remove_drain_and_clear() -> None:
         b = q.put_after("b", 2)
         q.put_after("c", 3)
         q.offer(DelayedItem("d", START + 4))
-        assert q.peek() is a
+        assert q.peek() == a
         assert q.next_deadline() == START + 1
         assert q.poll() is None
         assert q.remove(b) is True

@@ -21,6 +21,22 @@ def test_exponential_stops_at_the_cap() -> None:
     assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [1, 3, 9, 20, 20]
 
 
+@pytest.mark.parametrize(
+    ("base", "factor", "cap", "expected"),
+    [
+        (0.5, 2, 3, [0.5, 1, 2, 3, 3]),  # the cap is reached from the base, not from 1
+        (0.25, 2, 0.9, [0.25, 0.5, 0.9, 0.9]),
+        (3, 2, 20, [3, 6, 12, 20, 20]),
+        (10, 10, 1000, [10, 100, 1000, 1000]),
+    ],
+)
+def test_the_cap_applies_to_base_times_factor_powers_for_any_base(
+    base: float, factor: float, cap: float, expected: list[float]
+) -> None:
+    policy = ExponentialBackoff(base=base, factor=factor, cap=cap)
+    assert [policy.delay(n) for n in range(1, len(expected) + 1)] == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("attempt", [10**3, 10**6, 10**18])
 def test_a_huge_attempt_number_returns_the_cap_without_overflow(attempt: int) -> None:
     assert ExponentialBackoff(base=1, factor=2, cap=3600).delay(attempt) == 3600

@@ -51,9 +51,11 @@ CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("delay-minus-inf", {"delay": float("-inf")}, InvalidDelay, "finite"),
     ("delay-bool", {"delay": True}, InvalidDelay, "got True of type bool"),
     ("delay-string", {"delay": "10"}, InvalidDelay, "got '10' of type str"),
-    ("delay-none-and-no-at", {"delay": None}, InvalidOption, "exactly one of delay="),
     ("delay-and-at", {"at": 1_700_000_000}, InvalidOption, "exactly one of delay="),
     ("delay-over-100-years", {"delay": 1e12}, InvalidDelay, "at most"),
+    ("delay-int-past-float", {"delay": 10**400}, InvalidDelay, "finite"),
+    ("at-int-past-float", {"delay": None, "at": 10**400}, InvalidDelay, "finite"),
+    ("misfire-int-past-float", {"misfire": 10**400}, InvalidOption, "misfire"),
     (
         "at-naive-datetime",
         {"delay": None, "at": datetime(2030, 1, 1, 9, 0)},

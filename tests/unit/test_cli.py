@@ -135,7 +135,6 @@ def test_a_memory_store_from_the_environment_is_refused_too(
     ("args", "message"),
     [
         (["x", "{not json"], "PAYLOAD must be JSON"),
-        (["x"], "exactly one of --delay or --at"),
         (["x", "--delay", "1s", "--at", "now"], "exactly one of --delay or --at"),
         (["x", "--delay", "soon"], "cannot read 'soon' as a duration"),
         (["x", "--at", "tomorrow"], "cannot read 'tomorrow' as a time"),

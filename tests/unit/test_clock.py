@@ -21,9 +21,14 @@ def test_the_system_clock_is_a_clock_with_plausible_times() -> None:
     assert repr(SystemClock()) == "SystemClock()"
 
 
-def test_system_sleep_of_zero_or_less_returns_at_once() -> None:
+def test_system_sleep_of_zero_or_less_returns_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("delayq.clock._time.sleep", slept.append)
     SYSTEM_CLOCK.sleep(0)
     SYSTEM_CLOCK.sleep(-5)
+    assert slept == []  # never handed to time.sleep (which raises on a negative time)
+    SYSTEM_CLOCK.sleep(0.0001)
+    assert slept == [0.0001]  # the patch is where a real sleep goes
 
 
 def test_system_wait_with_no_time_left_returns_false_without_waiting() -> None:

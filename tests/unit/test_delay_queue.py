@@ -129,7 +129,7 @@ def test_poll_returns_nothing_before_the_deadline_and_the_item_at_it(queue, cloc
 def test_negative_delay_means_already_due(queue) -> None:
     item = queue.put_after("late", -5)
     assert item.deadline == START - 5
-    assert queue.poll() is item
+    assert queue.poll() == item
 
 
 def test_put_accepts_any_object_with_a_deadline(clock) -> None:
@@ -369,7 +369,7 @@ def test_peek_and_next_deadline_show_the_head_without_removing_it(queue) -> None
     assert queue.next_deadline() is None
     queue.put_after("b", 2)
     a = queue.put_after("a", 1)
-    assert queue.peek() is a
+    assert queue.peek() == a
     assert queue.next_deadline() == START + 1
     assert len(queue) == 2
 

@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 from redis.crc import key_slot
 
-from delayq.backends.redis import SCRIPT_NAMES, _mask, _split_url, queue_keys
+from delayq.backends.redis import SCRIPT_NAMES, mask, queue_keys, split_url
 from delayq.errors import ConfigurationError
 
 
@@ -72,21 +72,21 @@ def test_every_script_starts_with_its_keys_and_argv(name: str) -> None:
 
 
 def test_queue_and_prefix_can_come_from_the_url_query() -> None:
-    url, options = _split_url("redis://h:6379/2?queue=orders&prefix=shop&socket_timeout=3")
+    url, options = split_url("redis://h:6379/2?queue=orders&prefix=shop&socket_timeout=3")
     assert options == {"queue": "orders", "prefix": "shop"}
     assert url == "redis://h:6379/2?socket_timeout=3"  # the rest is redis-py's
 
 
 def test_expiry_events_and_result_ttl_are_parsed_from_the_url() -> None:
-    _, options = _split_url("redis://h/0?expiry_events=true&result_ttl=60")
+    _, options = split_url("redis://h/0?expiry_events=true&result_ttl=60")
     assert options == {"expiry_events": True, "result_ttl": 60.0}
 
 
 def test_a_bad_url_option_names_itself() -> None:
     with pytest.raises(ConfigurationError, match="result_ttl"):
-        _split_url("redis://h/0?result_ttl=soon")
+        split_url("redis://h/0?result_ttl=soon")
 
 
 def test_the_password_is_masked_in_the_reported_url() -> None:
-    assert _mask("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
-    assert _mask("redis://h:6379/0") == "redis://h:6379/0"
+    assert mask("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
+    assert mask("redis://h:6379/0") == "redis://h:6379/0"

@@ -25,6 +25,8 @@ from delayq.backends import open_backend
 from delayq.backends import sqlite as sqlite_module
 from delayq.backends._wake import WakeChannel, wake_directory
 from delayq.backends.sqlite import SQLiteBackend
+from delayq.backends.sqlite import _ops as ops_module
+from delayq.backends.sqlite import _schema as schema_module
 from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -36,7 +38,7 @@ from delayq.testing import FakeClock
 from tests._util import wait_until
 from tests.contract._support import spec
 
-SRC = str(Path(sqlite_module.__file__).resolve().parents[2])
+SRC = str(Path(sqlite_module.__file__).resolve().parents[3])
 
 
 @pytest.fixture
@@ -116,10 +118,10 @@ def test_a_write_blocked_past_busy_timeout_raises_backend_unavailable(
 @pytest.mark.parametrize(
     ("query", "params"),
     [
-        (sqlite_module._CLAIM_DUE, (1.0, 10)),
-        (sqlite_module._HEAD, ()),
-        (sqlite_module._EXPIRED_LEASES, (1.0,)),
-        (sqlite_module._NEXT_LEASE, ()),
+        (schema_module.CLAIM_DUE, (1.0, 10)),
+        (schema_module.HEAD, ()),
+        (schema_module.EXPIRED_LEASES, (1.0,)),
+        (schema_module.NEXT_LEASE, ()),
     ],
     ids=["claim", "next_due", "expired_leases", "next_lease"],
 )
@@ -155,10 +157,10 @@ def test_the_claim_query_reads_only_the_rows_it_returns(db: str, clock: FakeCloc
             return 0
 
         backend._conn.set_progress_handler(count, 1)  # called every VM instruction
-        rows = backend._conn.execute(sqlite_module._CLAIM_DUE, (t0 + 10_000, 10)).fetchall()
+        rows = backend._conn.execute(schema_module.CLAIM_DUE, (t0 + 10_000, 10)).fetchall()
         small = len(steps)
         steps.clear()
-        backend._conn.execute(sqlite_module._CLAIM_DUE, (t0 + 10_000, 20)).fetchall()
+        backend._conn.execute(schema_module.CLAIM_DUE, (t0 + 10_000, 20)).fetchall()
         backend._conn.set_progress_handler(None, 1)
     finally:
         backend.close()
@@ -218,11 +220,36 @@ def test_open_backend_reads_a_relative_path(
     backend = open_backend("sqlite:///relative.db")
     try:
         assert isinstance(backend, SQLiteBackend)
-        assert backend.path == "relative.db"
+        assert backend.path == str(tmp_path / "relative.db")  # resolved once, at open
         assert backend.url == "sqlite:///relative.db"
     finally:
         backend.close()
     assert (tmp_path / "relative.db").exists()
+
+
+def test_a_relative_path_keeps_naming_the_same_file_after_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    backend = SQLiteBackend("jobs.db", synchronous="normal")
+    try:
+        backend.enqueue([spec("a", 1.0)])
+        pid = os.fork()
+        if pid == 0:  # a daemonising child: chdir, then use the inherited backend
+            code = 1
+            try:
+                os.chdir(tmp_path / "elsewhere")
+                backend.enqueue([spec("b", 1.0)])
+                code = 0 if backend.get("a") is not None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert backend.get("b") is not None
+    finally:
+        backend.close()
+    assert not (tmp_path / "elsewhere" / "jobs.db").exists()
 
 
 def test_open_backend_reads_an_absolute_path(tmp_path: Path) -> None:
@@ -560,8 +587,7 @@ def test_list_jobs_without_a_state_walks_an_index_instead_of_sorting(
         backend.enqueue([spec(f"j{i}", t0 + i) for i in range(500)])
         backend._conn.execute("ANALYZE")
         query = (
-            f"{sqlite_module._SELECT} WHERE {sqlite_module._NOT_EXPIRED} "
-            f"ORDER BY run_at, seq LIMIT ?"
+            f"{schema_module.SELECT} WHERE {schema_module.NOT_EXPIRED} ORDER BY run_at, seq LIMIT ?"
         )
         plan = " | ".join(
             row[3] for row in backend._conn.execute(f"EXPLAIN QUERY PLAN {query}", (t0, 10))
@@ -576,7 +602,7 @@ def test_list_jobs_without_a_state_walks_an_index_instead_of_sorting(
 def test_a_claim_purges_a_bounded_number_of_finished_records(
     db: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "PURGE_BATCH", 10)
+    monkeypatch.setattr(ops_module, "PURGE_BATCH", 10)
     backend = SQLiteBackend(db, clock=clock, synchronous="normal", result_ttl=60)
     try:
         t0 = clock.time()

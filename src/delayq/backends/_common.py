@@ -6,31 +6,40 @@ Not public API: backends import from here; users see the errors it builds.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from delayq._validate import check_job_id
+from delayq._validate import check_job_id, utf8_problem
 from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
 from delayq.job import Claim, JobSpec, JobState
 
+log = logging.getLogger("delayq.backends")
+
 __all__ = [
+    "CompletesAndClaims",
     "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_ERROR_CHARS",
     "PURGE_BATCH",
     "RELEASED_NOTE",
     "TTL_STATES",
     "check_ack_state",
+    "check_dead_ttl",
     "check_lease",
     "check_limit",
+    "check_list_cursor",
     "check_max_wait",
     "check_result_ttl",
     "check_run_at",
     "check_spec",
     "check_when",
+    "clip_error",
+    "complete_then_claim",
     "readable_json",
     "undecodable_error",
     "format_time",
@@ -65,7 +74,10 @@ def _finite(value: object) -> float | None:
     """``value`` as a finite float, or None if it is not a finite real number (bool excluded)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        return None
     return number if math.isfinite(number) else None
 
 
@@ -73,6 +85,18 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
     return limit
+
+
+def check_list_cursor(after: object) -> tuple[float, str] | None:
+    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
+    of the previous page, or None."""
+    if after is None:
+        return None
+    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
+        raise InvalidOption(
+            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
+        )
+    return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
 def check_lease(lease: object) -> float:
@@ -98,6 +122,18 @@ def check_result_ttl(result_ttl: object) -> float:
     return seconds
 
 
+def check_dead_ttl(dead_ttl: object) -> float | None:
+    """Seconds dead letters are kept (None: until purged or requeued)."""
+    if dead_ttl is None:
+        return None
+    seconds = _finite(dead_ttl)
+    if seconds is None or seconds < 0:
+        raise InvalidOption(
+            f"dead_ttl must be None or a finite number of seconds >= 0, got {dead_ttl!r}"
+        )
+    return seconds
+
+
 def check_run_at(run_at: object, name: str = "run_at") -> float:
     seconds = _finite(run_at)
     if seconds is None:
@@ -117,27 +153,47 @@ def check_when(run_at: object, delay: object) -> tuple[float | None, float | Non
     return check_run_at(run_at), None
 
 
-def check_spec(spec: object) -> JobSpec:
-    """Check one spec before it is stored, the same way in every store.
+def _not_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (only finite numbers are)")
 
-    The payload must be JSON text, the id a valid job id, ``max_attempts`` an int
-    in ``1 .. 2**31-1``, the due time (or ``delay``) finite, name and misfire
-    non-empty text and backoff a dict. Raises an ``InvalidInput`` naming the job.
+
+def _check_text(value: object, field: str, job_id: str) -> None:
+    """A non-empty str a store can keep (valid UTF-8: no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidOption(f"job {job_id!r}: {field} must be a non-empty str, got {value!r}")
+    problem = utf8_problem(value)
+    if problem is not None:
+        raise InvalidOption(f"job {job_id!r}: {field} {problem}")
+
+
+def check_spec(spec: object) -> JobSpec:
+    """Check one spec before it is stored: the ONE checker every store calls.
+
+    The payload must be JSON text (valid UTF-8, no NaN or infinities, not
+    nested past the decoder's depth), the id a valid job id, ``max_attempts``
+    an int in ``1 .. 2**31-1``, the due time (or ``delay``) finite, name and
+    misfire non-empty UTF-8 text and backoff a dict that encodes as JSON.
+    Raises an ``InvalidInput`` naming the job, never a driver or codec error.
     """
     if not isinstance(spec, JobSpec):
         raise InvalidOption(f"enqueue takes JobSpec items, got {type(spec).__name__}")
     job_id = check_job_id(spec.id)
-    if not isinstance(spec.name, str) or not spec.name:
-        raise InvalidOption(f"job {job_id!r}: name must be a non-empty str, got {spec.name!r}")
-    if not isinstance(spec.payload, str):
+    _check_text(spec.name, "name", job_id)
+    payload = spec.payload
+    if not isinstance(payload, str):
         raise InvalidPayload(
             f"job {job_id!r}: payload must be JSON text (see delayq.codec.encode_payload), "
-            f"got {type(spec.payload).__name__}"
+            f"got {type(payload).__name__}"
         )
+    problem = utf8_problem(payload)
+    if problem is not None:
+        raise InvalidPayload(f"job {job_id!r}: payload {problem}")
     try:
-        json.loads(spec.payload)
+        json.loads(payload, parse_constant=_not_json_constant)
     except ValueError as exc:
         raise InvalidPayload(f"job {job_id!r}: payload is not valid JSON text: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidPayload(f"job {job_id!r}: payload is nested too deeply") from exc
     attempts = spec.max_attempts
     if (
         isinstance(attempts, bool)
@@ -154,11 +210,33 @@ def check_spec(spec: object) -> JobSpec:
         check_run_at(spec.delay, "delay")
     if not isinstance(spec.backoff, dict):
         raise InvalidOption(f"job {job_id!r}: backoff must be a dict, got {spec.backoff!r}")
-    if not isinstance(spec.misfire, str) or not spec.misfire:
-        raise InvalidOption(f"job {job_id!r}: misfire must be a non-empty str")
+    try:
+        json.dumps(spec.backoff, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidOption(f"job {job_id!r}: backoff must be JSON data: {exc}") from exc
+    _check_text(spec.misfire, "misfire", job_id)
     if _finite(spec.created_at) is None:
         raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
     return spec
+
+
+MAX_ERROR_CHARS = 16_384
+"""The longest ``last_error`` a store keeps (characters): a longer error (a deep
+traceback) keeps its start and its end, where the exception is."""
+
+
+def clip_error(text: str | None) -> str | None:
+    """``text`` as a store keeps it: at most ``MAX_ERROR_CHARS`` characters, and
+    valid UTF-8 (a lone surrogate, e.g. from a file name, becomes ``\\udxxx``)."""
+    if text is None:
+        return None
+    if len(text) > MAX_ERROR_CHARS:
+        half = MAX_ERROR_CHARS // 2 - 40
+        cut = len(text) - 2 * half
+        text = f"{text[:half]}\n... [{cut} characters cut] ...\n{text[-half:]}"
+    if not text.isascii() and utf8_problem(text) is not None:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def readable_json(text: str) -> Any:
@@ -225,7 +303,47 @@ def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> Stal
     )
 
 
-class CompletesInBatches:
+def complete_then_claim(
+    store: Any, batch: Sequence[Completion], *, limit: int, lease: float
+) -> tuple[list[StaleClaim | None], list[Claim]]:
+    """The default ``complete_and_claim``: ``store.complete(batch)``, then
+    ``store.claim(limit=limit, lease=lease)`` (none when ``limit`` is 0).
+
+    Two calls, not one transaction: when the claim fails after the batch was
+    applied, the batch's answers are still returned (they happened), with no
+    claims, and the claim's error is logged; the caller claims again later. A
+    failing ``complete`` raises as usual (nothing claimed).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+    answers: list[StaleClaim | None] = store.complete(batch) if batch else []
+    if limit == 0:
+        return answers, []
+    try:
+        claims: list[Claim] = store.claim(limit=limit, lease=lease)
+    except Exception:
+        if not answers:
+            raise
+        log.warning(
+            "complete_and_claim: %d completion(s) recorded, the claim after them failed",
+            len(answers),
+            exc_info=True,
+        )
+        return answers, []
+    return answers, claims
+
+
+class CompletesAndClaims:
+    """``complete_and_claim`` as :func:`complete_then_claim`, for stores that have no
+    single round trip for it (yet)."""
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+
+class CompletesInBatches(CompletesAndClaims):
     """``ack`` / ``retry`` / ``bury`` as one-entry batches of ``complete``.
 
     For stores whose single calls are just a batch of one (memory, SQLite), so

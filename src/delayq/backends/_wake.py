@@ -37,19 +37,55 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import socket
+import stat
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["WakeChannel", "wake_directory"]
+__all__ = ["WakeChannel", "share_like_database", "wake_directory"]
+
+log = logging.getLogger("delayq.sqlite")
 
 _MAX_SOCKET_PATH = 100  # sun_path is 104-108 bytes depending on the OS; keep a margin
 _SUFFIX = ".sock"
 _NAME_LENGTH = 32 + len(_SUFFIX)  # "<uuid4 hex>.sock"
+
+
+def share_like_database(path: str, db_path: str, *, directory: bool = False) -> bool:
+    """Give a file delayq created next to the database the database's access.
+
+    Its group becomes the database's, and the read/write bits the database
+    grants its group and others are granted here too (plus search on a
+    directory): every user who may write the database may also send wake-ups
+    and take write turns (a web app as ``www-data`` scheduling, a worker as
+    ``delayq`` claiming). Only the file's owner can change it; returns False
+    when that failed (the caller decides whether it matters).
+    """
+    try:
+        db = os.stat(db_path)
+        mine = os.stat(path)
+    except OSError:
+        return False
+    bits = (stat.S_IMODE(db.st_mode) & 0o666) | 0o600
+    if directory:
+        bits |= (bits & 0o444) >> 2  # search wherever read is granted
+    ok = True
+    if mine.st_gid != db.st_gid:
+        try:
+            os.chown(path, -1, db.st_gid)
+        except OSError:
+            ok = False
+    if stat.S_IMODE(mine.st_mode) != bits:
+        try:
+            os.chmod(path, bits)
+        except OSError:
+            ok = False
+    return ok
 
 
 def wake_directory(db_path: str) -> Path:

@@ -18,6 +18,11 @@ Rules every implementation keeps:
   entry were the single call, except that a stale token does not raise: it is
   reported in that entry's slot of the result and the entry is skipped, while
   the others still apply. Nothing is applied when the store fails.
+* **Complete, then claim.** ``complete_and_claim(batch, limit=, lease=)`` is
+  ``complete(batch)`` followed by ``claim(limit=limit, lease=lease)``, in one
+  transaction or script where the store allows it (a busy worker records its
+  results and refills its slots in one round trip); ``limit=0`` claims nothing.
+  If only the claim fails, the batch's answers are returned with no claims.
 * **Expired leases come back.** A RUNNING job whose lease passed is returned to
   the due set by the next ``claim`` (so a crashed worker's job runs again), or,
   when it has used all ``max_attempts``, buried with an error saying so.
@@ -70,7 +75,7 @@ from delayq.job import (
     Stats,
 )
 
-__all__ = ["FEATURES", "Backend", "Completion"]
+__all__ = ["FEATURES", "Backend", "Completion", "ScheduleRecord", "ScheduleStore"]
 
 FEATURES: dict[str, str] = {
     "clock": "takes clock= and uses it for every time not passed as now= (tests)",
@@ -270,6 +275,20 @@ class Backend(Protocol):
         """
         ...
 
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)``, as one
+        transaction / script where the store allows it; ``limit=0`` claims nothing.
+
+        Returns ``(complete's answers, claims)``. A failure of the whole call
+        raises and applies nothing; a store that makes two calls of it
+        (``_common.complete_then_claim``) returns the answers with no claims
+        when only the claim failed, so applied completions are never reported
+        as failed.
+        """
+        ...
+
     def release(self, claim: Claim) -> None:
         """Give back a claim whose handler never started (a stopping worker).
 
@@ -312,8 +331,19 @@ class Backend(Protocol):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs (optionally of one state, due in a window), in ``run_at`` order."""
+        """Jobs (optionally of one state, handler ``name``, due in ``due_after <=
+        run_at < due_before``), in ``run_at`` order, ties in enqueue order.
+
+        ``after`` is a keyset cursor, ``(run_at, id)`` of the last job of the
+        previous page: the page starts just after that job in the same order, so
+        pages cost the same however deep (a store walks its due-order index from
+        the cursor, never counts or skips rows). When that job no longer exists
+        the page starts at the first job due at ``run_at``: a page may repeat a
+        job after concurrent changes, never skip one.
+        """
         ...
 
     def next_due(self) -> float | None:
@@ -343,4 +373,43 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release connections and files. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A stored recurring schedule: its name, its definition (JSON text, read by
+    :mod:`delayq.recurring`; the store never looks inside) and its version (1 when
+    created, one more on every write), for compare-and-set edits."""
+
+    name: str
+    data: str
+    version: int
+
+
+@runtime_checkable
+class ScheduleStore(Protocol):
+    """The optional store capability behind recurring jobs (feature ``recurring``).
+
+    A store that declares ``recurring`` in ``features`` keeps schedule records
+    next to its jobs (same file, same Redis hash tag), so they survive restarts
+    and every process sees every edit. Writes are compare-and-set on the
+    record's version, so two editors never silently overwrite each other.
+    """
+
+    def put_schedule(self, name: str, data: str, *, version: int) -> int | None:
+        """Store ``data`` under ``name`` if the stored version is ``version`` (0: no
+        record yet). Returns the new version, or None (nothing written) on a mismatch."""
+        ...
+
+    def get_schedule(self, name: str) -> ScheduleRecord | None:
+        """The record stored under ``name``, or None."""
+        ...
+
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every record, by name."""
+        ...
+
+    def delete_schedule(self, name: str, *, version: int | None = None) -> bool:
+        """Delete the record (only at ``version`` when given); False when nothing was deleted."""
         ...

@@ -23,17 +23,20 @@ from delayq.backends._common import (
     CompletesInBatches,
     check_lease,
     check_limit,
+    check_list_cursor,
     check_max_wait,
     check_result_ttl,
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     lease_expired_error,
     lease_expired_note,
     readable_json,
     stale_claim,
     undecodable_error,
 )
+from delayq.backends._schedules import MemorySchedules
 from delayq.backends.base import Completion
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
@@ -97,7 +100,7 @@ class _Record:
         )
 
 
-class MemoryBackend(CompletesInBatches):
+class MemoryBackend(MemorySchedules, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -118,7 +121,9 @@ class MemoryBackend(CompletesInBatches):
     ``version`` (or token) still matches the record.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({"clock", "definite_cancel", "inspect"})
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "definite_cancel", "inspect", "recurring"}
+    )
 
     def __init__(
         self,
@@ -222,19 +227,38 @@ class MemoryBackend(CompletesInBatches):
     def _expire_leases(self, now: float) -> None:
         while (expiry := self._next_lease_expiry()) is not None and expiry <= now:
             _lease_until, _token, job_id = heapq.heappop(self._leases)
-            rec = self._jobs[job_id]
-            if rec.attempts >= rec.max_attempts:
-                rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
-                self._finish(rec, JobState.DEAD, now)
-            else:
-                # Due again from the moment the lease ran out: lateness (and the
-                # misfire policy) is measured from there, not from the first due time.
-                rec.last_error = lease_expired_note(expiry, rec.attempts)
-                rec.state = JobState.SCHEDULED
-                rec.run_at = expiry
-                rec.lease_until = None
-                rec.updated_at = now
-                self._schedule(rec)
+            self._expire_lease(self._jobs[job_id], expiry, now)
+
+    def _expire_lease(self, rec: _Record, expiry: float, now: float) -> None:
+        """End a lease that ran out: buried after the last attempt, else due again.
+        (A stale heap entry left behind is skipped by ``_next_lease_expiry``.)"""
+        if rec.attempts >= rec.max_attempts:
+            rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
+            self._finish(rec, JobState.DEAD, now)
+        else:
+            # Due again from the moment the lease ran out: lateness (and the
+            # misfire policy) is measured from there, not from the first due time.
+            rec.last_error = lease_expired_note(expiry, rec.attempts)
+            rec.state = JobState.SCHEDULED
+            rec.run_at = expiry
+            rec.lease_until = None
+            rec.updated_at = now
+            self._schedule(rec)
+
+    def _changeable(self, job_id: str, now: float) -> tuple[_Record | None, str]:
+        """The record a cancel or reschedule may change, or None and why not
+        (``running``, ``finished``, ``not_found``). A RUNNING job whose lease
+        has expired is not running: its lease ends here first."""
+        rec = self._lookup(job_id, now)
+        if rec is None:
+            return None, "not_found"
+        if rec.state is JobState.RUNNING:
+            if rec.lease_until is None or rec.lease_until > now:
+                return None, "running"
+            self._expire_lease(rec, rec.lease_until, now)
+        if rec.state is not JobState.SCHEDULED:
+            return None, "finished"
+        return rec, "scheduled"
 
     def _current(self, claim: Claim) -> _Record:
         rec = self._jobs.get(claim.job.id)
@@ -312,16 +336,12 @@ class MemoryBackend(CompletesInBatches):
         with self._lock:
             self._check_open()
             now = self._clock.time()
-            rec = self._lookup(job_id, now)
+            rec, verdict = self._changeable(job_id, now)
             if rec is None:
-                return CancelOutcome.NOT_FOUND
-            if rec.state is JobState.RUNNING:
-                return CancelOutcome.RUNNING
-            if rec.state is not JobState.SCHEDULED:
-                return CancelOutcome.FINISHED
+                return CancelOutcome(verdict)
             rec.outcome = "cancelled"
             self._finish(rec, JobState.CANCELLED, now)
-            return CancelOutcome.CANCELLED
+            return CancelOutcome.done(rec.attempts)
 
     def reschedule(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
@@ -332,19 +352,15 @@ class MemoryBackend(CompletesInBatches):
             now = self._clock.time()
             run_at = now + after if after is not None else at
             assert run_at is not None
-            rec = self._lookup(job_id, now)
+            rec, verdict = self._changeable(job_id, now)
             if rec is None:
-                return RescheduleOutcome.NOT_FOUND
-            if rec.state is JobState.RUNNING:
-                return RescheduleOutcome.RUNNING
-            if rec.state is not JobState.SCHEDULED:
-                return RescheduleOutcome.FINISHED
+                return RescheduleOutcome(verdict)
             head = self._next_due()
             rec.run_at = run_at
             rec.updated_at = now
             self._schedule(rec)
             self._wake_if_earlier(run_at, head)
-            return RescheduleOutcome.RESCHEDULED
+            return RescheduleOutcome.done(rec.attempts)
 
     # -- workers ----------------------------------------------------------------
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
@@ -403,7 +419,8 @@ class MemoryBackend(CompletesInBatches):
                     # Back to its place in the due order, the attempt given back.
                     rec.state = JobState.SCHEDULED
                     rec.attempts = max(0, rec.attempts - 1)
-                    rec.last_error = RELEASED_NOTE
+                    if rec.last_error is None:  # an earlier attempt's error is kept
+                        rec.last_error = RELEASED_NOTE
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)
@@ -412,13 +429,13 @@ class MemoryBackend(CompletesInBatches):
                     assert item.run_at is not None
                     rec.state = JobState.SCHEDULED
                     rec.run_at = item.run_at
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     rec.lease_until = None
                     rec.updated_at = now
                     self._schedule(rec)
                     earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
                 elif item.state is JobState.DEAD:
-                    rec.last_error = item.error
+                    rec.last_error = clip_error(item.error)
                     self._finish(rec, JobState.DEAD, now)
                 else:
                     rec.outcome = item.outcome
@@ -476,19 +493,28 @@ class MemoryBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
         limit = check_limit(limit)
         state = None if state is None else JobState(state)
+        cursor = check_list_cursor(after)
         with self._lock:
             self._check_open()
             self._purge_finished(self._clock.time())
+            start: tuple[float, int] | None = None
+            if cursor is not None:
+                last = self._jobs.get(cursor[1])
+                start = (cursor[0], last.seq if last is not None else 0)
             recs = [
                 r
                 for r in self._jobs.values()
                 if (state is None or r.state is state)
+                and (name is None or r.name == name)
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
+                and (start is None or (r.run_at, r.seq) > start)
             ]
             chosen = heapq.nsmallest(limit, recs, key=lambda r: (r.run_at, r.seq))
             return [r.to_job() for r in chosen]

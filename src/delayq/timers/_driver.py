@@ -187,29 +187,39 @@ def _deadline_key(handle: TimerHandle) -> float:
 class WheelCore(Protocol):
     """What :class:`WheelTimer` needs from a pure wheel core.
 
-    The driver protocol: the core's ``schedule_at`` and its handles'
-    ``cancel`` take ``_lock``, which the driver replaces with its own; the
-    driver calls everything else under that lock. When ``advance`` has
+    The driver protocol: the core's ``schedule_at`` / ``_schedule_after``
+    and its handles' ``cancel`` take the lock the driver gives it with
+    ``_attach`` (with the condition to notify and the clock that
+    ``_schedule_after`` reads); the driver calls everything else under that
+    lock. When ``advance`` has
     nothing due, the driver gives the core a bounded step of early work
     (``cascade_early``) before it sleeps. Before sleeping, it sets
     ``_sleep_tick`` to the tick it sleeps until (``_next_tick()``, or inf); a
     schedule whose bucket expires earlier (or that creates early work sooner)
     resets it to -inf and notifies ``_cond``. While the driver is awake ``_sleep_tick`` is -inf, so
-    schedules do not notify at all. ``_closed`` makes ``schedule_at`` raise
+    schedules do not notify at all. ``_close()`` makes ``schedule_at`` raise
     :class:`~delayq.errors.QueueClosed`.
     """
 
-    _lock: threading.Lock
-    _cond: threading.Condition | None
     _closed: bool
     _sleep_tick: float
     _ticks: _Ticks
+
+    def _attach(
+        self, lock: threading.Lock, cond: threading.Condition, monotonic: Callable[[], float]
+    ) -> None: ...
 
     def schedule_at(
         self, deadline: float, fn: Callable[..., object], /, *args: Any
     ) -> TimerHandle: ...
 
+    def _schedule_after(
+        self, delay: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle: ...
+
     def _next_tick(self) -> int | None: ...
+
+    def _close(self) -> None: ...
 
     def cascade_early(self, max_tasks: int = ...) -> int: ...
 
@@ -231,8 +241,9 @@ class WheelTimer(TimerBase):
     only while it calls the core, never while it hands callbacks to the
     executor.
 
-    ``schedule_at`` is the core's own bound method (assigned per instance):
-    a schedule is then one Python call, validation and locking included.
+    ``schedule_at`` and ``schedule_after`` are the core's own bound methods
+    (assigned per instance): a schedule is then one Python call, validation,
+    clock read and locking included.
     """
 
     def __init__(
@@ -249,9 +260,10 @@ class WheelTimer(TimerBase):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._core = core
-        core._lock = self._lock
-        core._cond = self._cond
-        self.schedule_at = core.schedule_at  # type: ignore[method-assign]  # the hot path
+        core._attach(self._lock, self._cond, clock.monotonic)
+        # The hot paths: the core's own bound methods, one Python frame per call.
+        self.schedule_at = core.schedule_at  # type: ignore[method-assign]
+        self.schedule_after = core._schedule_after  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -262,6 +274,13 @@ class WheelTimer(TimerBase):
         does the same; this definition documents it and serves class-level calls.)
         """
         return self._core.schedule_at(deadline, fn, *args)
+
+    def schedule_after(self, delay: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
+        """Run ``fn(*args)`` ``delay`` seconds from now; a negative delay means now.
+
+        (Bound per instance to the core's ``_schedule_after``, like ``schedule_at``.)
+        """
+        return self._core._schedule_after(delay, fn, *args)
 
     def pending(self) -> int:
         """How many callbacks wait for their deadline."""
@@ -307,7 +326,7 @@ class WheelTimer(TimerBase):
     def _stop_driver(self) -> list[TimerHandle]:
         with self._cond:
             self._closed = True
-            self._core._closed = True
+            self._core._close()
             self._cond.notify_all()
             dropped = self._core.clear()
         if threading.current_thread() is not self._thread:

@@ -21,19 +21,22 @@ Rules every implementation follows:
   logged and does not stop the timer.
 * ``schedule_*`` and ``cancel`` are O(1) on the wheels.
 
-:class:`TimerHandle` is both what the user holds and the node the wheels link
-into their buckets, so a pending timer costs one small object (it uses
-``__slots__``, no per-timer closure, dict or list entry).
+:class:`TimerHandle` is both what the user holds and what the wheels keep in
+their buckets (flat lists), so a pending timer costs one small object with
+``__slots__`` and a list slot: no per-timer closure, dict or linked node.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
-__all__ = ["LinkedHandle", "Timer", "TimerHandle"]
+from delayq.errors import ConfigurationError
+
+__all__ = ["Timer", "TimerHandle", "WheelHandle"]
 
 
 class _Link(Protocol):
@@ -65,35 +68,33 @@ DROPPED: _Link = _Final("dropped")
 """The timer was stopped while the handle was pending; it never fires."""
 
 
-class _Node:
-    """A node of a circular doubly-linked list (wheel buckets and their handles)."""
-
-    __slots__ = ("_next", "_prev")
-
-    _prev: _Node
-    _next: _Node
-
-
-class TimerHandle(_Node):
+class TimerHandle:
     """A scheduled callback: its deadline, and ``cancel()``.
 
     Returned by :meth:`Timer.schedule_at` / :meth:`Timer.schedule_after`.
-    Pending handles are linked into their timer's structure (the ``_prev`` /
-    ``_next`` slots); ``_link`` is the structure while pending, then one of
-    the final states ``expired``, ``cancelled`` or ``dropped``. ``_n`` is a
-    per-structure integer (the hashed wheel's remaining rounds, the
-    hierarchical wheel's sequence number for FIFO ties).
+    ``_call`` is the callback, or ``(callback, *args)`` when there are
+    arguments (one slot for both: 8 bytes less per pending timer; an exact
+    tuple is never callable, so the two cannot be confused).
+    ``_link`` is what the handle belongs to while pending (the wheel's
+    :class:`_Owner`, or the heap timer), then one of the final states
+    ``expired``, ``cancelled`` or ``dropped``. ``_n`` is a per-structure
+    small integer (the hashed wheel's remaining rounds, the hierarchical
+    wheel's level at scheduling time, which orders ties FIFO).
+
+    A handle references its callback, its arguments and its owner, never
+    another handle: a wheel's bucket is a flat list of handles, so a pending
+    timer costs one small object and a list slot, and nothing forms a cycle
+    that only the garbage collector could free.
     """
 
-    __slots__ = ("_args", "_deadline", "_fn", "_link", "_n")
+    __slots__ = ("_call", "_deadline", "_link", "_n")
 
     # Timers create handles with ``TimerHandle()`` and assign the slots: a
     # class without ``__init__`` is created in C, about 70 ns less per
     # schedule than a Python ``__init__`` frame.
     _deadline: float
-    _fn: Callable[..., object]
-    _args: tuple[Any, ...]
-    _link: Any  # a _Link; Any so that identity checks against a core do not narrow it
+    _call: Any  # Callable[..., object] | tuple[Callable[..., object], *args]
+    _link: Any  # a _Link or an _Owner; Any so that identity checks do not narrow it
     _n: int
 
     @property
@@ -104,12 +105,15 @@ class TimerHandle(_Node):
     @property
     def callback(self) -> Callable[..., object]:
         """The function that runs when the timer fires."""
-        return self._fn
+        call = self._call
+        fn: Callable[..., object] = call[0] if call.__class__ is tuple else call
+        return fn
 
     @property
     def args(self) -> tuple[Any, ...]:
         """Positional arguments passed to :attr:`callback`."""
-        return self._args
+        call = self._call
+        return call[1:] if call.__class__ is tuple else ()
 
     def cancel(self) -> bool:
         """Stop the callback from running; True if this call cancelled it.
@@ -136,39 +140,73 @@ class TimerHandle(_Node):
         return self._link is EXPIRED
 
     def _run(self) -> None:
-        self._fn(*self._args)
+        call = self._call
+        if call.__class__ is tuple:
+            call[0](*call[1:])
+        else:
+            call()
 
     def __repr__(self) -> str:
         state = "pending" if self.pending else repr(self._link)
-        name = getattr(self._fn, "__qualname__", repr(self._fn))
+        fn = self.callback
+        name = getattr(fn, "__qualname__", repr(fn))
         return f"<TimerHandle {name} deadline={self._deadline:.6f} {state}>"
 
 
-class LinkedHandle(TimerHandle):
-    """A handle of a wheel: cancel unlinks it from its bucket in O(1).
+COMPACT_MIN = 4096
+"""Cancelled handles a wheel keeps in its buckets before it may compact them."""
 
-    ``cancel`` is inlined here (one call instead of two): ``_link`` is the
-    wheel core while pending, which provides ``_lock`` and ``_count``; a final
-    state never changes again, so it is safe to test before taking the lock.
+
+class _Owner:
+    """What a wheel's pending handles point to: its lock and cancel count, not the wheel.
+
+    Cancellation is lazy: ``cancel()`` marks the handle cancelled and counts
+    it in ``dead``; the handle stays in its bucket until the wheel passes it
+    (and drops it) or compacts. The wheel compacts every bucket in ``advance``
+    once ``dead`` reaches :data:`COMPACT_MIN` and outnumbers the pending
+    handles (amortised O(1) per cancel: dead handles never hold more memory
+    than live ones for long); a cancel that brings ``dead`` to a power of two
+    from there wakes the driver (``cond``) so that a sleeping wheel compacts
+    too. Guarded by ``lock``.
+    """
+
+    __slots__ = ("cond", "dead", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cond: threading.Condition | None = None
+        self.dead = 0
+
+    def _cancel(self, handle: TimerHandle) -> bool:
+        return WheelHandle.cancel(handle)  # type: ignore[arg-type]  # only wheel handles link here
+
+
+class WheelHandle(TimerHandle):
+    """A handle of a wheel: cancel is one frame, O(1), and lazy (see :class:`_Owner`).
+
+    A final state never changes again, so it is safe to test before taking
+    the lock.
     """
 
     __slots__ = ()
 
     def cancel(self) -> bool:
         """Stop the callback from running; True if this call cancelled it."""
-        core: Any = self._link
-        if core.__class__ is _Final:
+        owner = self._link
+        if owner.__class__ is not _Owner:
             return False
-        lock = core._lock
+        lock = owner.lock
         lock.acquire()  # in try/finally: cheaper than ``with``
         try:
-            if self._link is not core:  # expired or dropped meanwhile
+            if self._link is not owner:  # expired or dropped meanwhile
                 return False
-            prev, nxt = self._prev, self._next
-            prev._next = nxt
-            nxt._prev = prev
             self._link = CANCELLED
-            core._count -= 1
+            dead = owner.dead + 1
+            owner.dead = dead
+            if dead >= COMPACT_MIN and not dead & (dead - 1):
+                cond = owner.cond
+                if cond is not None:
+                    cond.notify()  # the driver's next advance may compact
             return True
         finally:
             lock.release()
@@ -218,6 +256,11 @@ class Timer(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+def _no_clock() -> float:
+    """A pure wheel core's clock: it has none (only a driver schedules relative times)."""
+    raise ConfigurationError("a pure wheel core has no clock; use schedule_at")
 
 
 class _Ticks:

@@ -39,23 +39,22 @@ from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
-from delayq.timers.base import DROPPED, EXPIRED, LinkedHandle, TimerHandle, _Node, _Ticks
+from delayq.timers.base import (
+    COMPACT_MIN,
+    DROPPED,
+    EXPIRED,
+    TimerHandle,
+    WheelHandle,
+    _no_clock,
+    _Owner,
+    _Ticks,
+)
 
 __all__ = ["HashedWheel", "HashedWheelTimer"]
 
 _INF = math.inf
 _ceil = math.ceil
 _NO_LIMIT = sys.maxsize
-
-
-class _Slot(_Node):
-    """The sentinel of one slot's circular list of handles (FIFO)."""
-
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        self._prev = self
-        self._next = self
 
 
 def _check_slots(slots: object, name: str = "slots") -> int:
@@ -77,22 +76,31 @@ class HashedWheel:
     O(1); ``advance`` visits each passed slot once (or, after a gap longer
     than a turn, each slot once with the number of passes precomputed).
 
+    Each slot is a flat list of handles in scheduling order. Cancellation is
+    lazy (see :class:`~delayq.timers.base._Owner`): a visit drops cancelled
+    handles, so a slot is compacted at least once per turn.
+
     ``schedule_at`` and ``handle.cancel()`` take ``_lock``; ``advance`` and
     ``clear`` do not, their caller holds it. :class:`HashedWheelTimer`
-    replaces ``_lock`` with its driver's lock (and sets ``_cond``, to wake the
-    driver when a schedule needs an earlier wake-up, and ``_closed`` on stop).
+    attaches its driver's lock and condition (:meth:`_attach`: a schedule
+    that needs an earlier wake-up notifies it) and sets ``_closed`` on stop.
     """
 
     __slots__ = (
         "_closed",
         "_cond",
-        "_count",
         "_current",
+        "_held",
         "_limit",
         "_lock",
         "_max_pending",
+        "_monotonic",
         "_overdue",
+        "_owner",
+        "_size",
         "_sleep_tick",
+        "_start",
+        "_tick",
         "_ticks",
         "_wheel",
     )
@@ -106,19 +114,30 @@ class HashedWheel:
         max_pending: int | None = None,
     ) -> None:
         self._ticks = _Ticks(check_seconds(start, "start"), check_tick(tick))
-        self._wheel = [_Slot() for _ in range(_check_slots(slots))]
-        self._overdue = _Slot()  # scheduled at or before the current tick: due now
+        self._start, self._tick = self._ticks.start, self._ticks.tick  # read by every schedule
+        self._size = _check_slots(slots)
+        self._wheel: list[list[TimerHandle]] = [[] for _ in range(self._size)]
+        self._overdue: list[TimerHandle] = []  # scheduled at or before the current tick: due now
         self._current = 0
-        self._count = 0
+        self._held = 0  # handles in the slots: pending, or cancelled and not yet dropped
         self._max_pending = check_max_pending(max_pending)
         self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
-        # Guards schedule and cancel; a driver replaces it with its own lock,
-        # under which it also calls advance() and clear().
-        self._lock = threading.Lock()
+        # The lock, the pending and cancelled counts: what handles point to.
+        self._owner = _Owner()
+        self._lock = self._owner.lock
         self._cond: threading.Condition | None = None  # the driver's condition, to wake it
+        self._monotonic: Callable[[], float] = _no_clock  # the driver's clock
         self._closed = False  # set by the driver when its timer stops
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
+
+    def _attach(
+        self, lock: threading.Lock, cond: threading.Condition, monotonic: Callable[[], float]
+    ) -> None:
+        """Use a driver's lock and clock, and notify its condition for earlier wake-ups."""
+        self._lock = self._owner.lock = lock
+        self._cond = self._owner.cond = cond
+        self._monotonic = monotonic
 
     # -- properties -----------------------------------------------------------
     @property
@@ -142,11 +161,11 @@ class HashedWheel:
         return self._current
 
     def __len__(self) -> int:
-        return self._count
+        return self._held - self._owner.dead
 
     def pending(self) -> int:
         """How many handles wait (not fired, not cancelled)."""
-        return self._count
+        return self._held - self._owner.dead
 
     # -- scheduling -------------------------------------------------------------
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
@@ -160,12 +179,11 @@ class HashedWheel:
             deadline = check_seconds(deadline, "deadline")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        handle = LinkedHandle()
+        handle = WheelHandle()
         handle._deadline = deadline
-        handle._fn = fn
-        handle._args = args
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        handle._call = (fn, *args) if args else fn
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
@@ -175,40 +193,99 @@ class HashedWheel:
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if self._count >= self._limit:
-                raise self._full()
-            handle._link = self
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
             current = self._current
-            if due <= current:
-                slot = self._overdue
-                handle._n = 0
-                wake = current
-            else:
-                wheel = self._wheel
-                size = len(wheel)
+            if due > current:
+                size = self._size
                 handle._n = (due - current - 1) // size
-                slot = wheel[due % size]
-                wake = current + 1
-            last = slot._prev
-            handle._prev = last
-            handle._next = slot
-            last._next = handle
-            slot._prev = handle
-            self._count += 1
-            if wake < self._sleep_tick:  # only while a driver sleeps past it
-                self._sleep_tick = -_INF
-                self._wake()
+                self._wheel[due % size].append(handle)
+                self._held += 1
+                if current + 1 < self._sleep_tick:  # only while a driver sleeps past the next tick
+                    self._sleep_tick = -_INF
+                    self._wake()
+            else:
+                handle._n = 0
+                self._overdue.append(handle)
+                self._held += 1
+                if current < self._sleep_tick:
+                    self._sleep_tick = -_INF
+                    self._wake()
         finally:
             lock.release()
         return handle
 
-    def _full(self) -> QueueFull:
-        return QueueFull(
-            f"the wheel holds max_pending={self._max_pending} pending timers; "
-            "cancel some or create the timer with a larger max_pending"
-        )
+    def _schedule_after(
+        self, delay: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle:
+        """One-frame ``schedule_at(monotonic() + delay, fn, *args)``: the timer's schedule_after.
+
+        The same body as :meth:`schedule_at` (a call per schedule saved):
+        change both together. ``_monotonic`` is the driver's clock.
+        """
+        cls = delay.__class__
+        if not ((cls is float and -_INF < delay < _INF) or cls is int):
+            delay = check_seconds(delay, "delay")
+        deadline = self._monotonic() + delay
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        handle = WheelHandle()
+        handle._deadline = deadline
+        handle._call = (fn, *args) if args else fn
+        start = self._start
+        tick = self._tick
+        due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        if start + due * tick < deadline:
+            due += 1
+        elif start + (due - 1) * tick >= deadline:
+            due -= 1
+        # acquire/release in try/finally: about 80 ns cheaper than ``with``.
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
+            current = self._current
+            if due > current:
+                size = self._size
+                handle._n = (due - current - 1) // size
+                self._wheel[due % size].append(handle)
+                self._held += 1
+                if current + 1 < self._sleep_tick:  # only while a driver sleeps past the next tick
+                    self._sleep_tick = -_INF
+                    self._wake()
+            else:
+                handle._n = 0
+                self._overdue.append(handle)
+                self._held += 1
+                if current < self._sleep_tick:
+                    self._sleep_tick = -_INF
+                    self._wake()
+        finally:
+            lock.release()
+        return handle
+
+    def _refuse(self) -> None:
+        """Raise why a schedule is refused: stopped, or ``max_pending`` reached.
+
+        ``_held`` counts cancelled handles not yet dropped too, so a full
+        count is checked again without them first (lock held).
+        """
+        if self._closed:
+            raise QueueClosed("cannot schedule on a stopped timer")
+        if self._held - self._owner.dead >= self._limit:
+            raise QueueFull(
+                f"the wheel holds max_pending={self._max_pending} pending timers; "
+                "cancel some or create the timer with a larger max_pending"
+            )
+        self._compact()  # room once the cancelled ones are dropped
+
+    def _close(self) -> None:
+        """Refuse every later schedule (the driver's stop; lock held)."""
+        self._closed = True
+        self._limit = -1
 
     def _wake(self) -> None:
         if self._cond is not None:
@@ -221,17 +298,16 @@ class HashedWheel:
     def slot_of(self, handle: TimerHandle) -> int | None:
         """The slot holding ``handle`` (-1: due now), None if it is not pending here.
 
-        For inspection and tests: walks the slot's list to its sentinel.
+        For inspection and tests: searches the slots.
         """
-        if handle._link is not self:
+        if handle._link is not self._owner:
             return None
-        node: _Node = handle._next
-        while not isinstance(node, _Slot):
-            node = node._next
-        return -1 if node is self._overdue else self._wheel.index(node)
-
-    def _cancel(self, handle: TimerHandle) -> bool:
-        return LinkedHandle.cancel(handle)  # type: ignore[arg-type]  # handles are linked
+        if any(h is handle for h in self._overdue):
+            return -1
+        for index, slot in enumerate(self._wheel):
+            if any(h is handle for h in slot):
+                return index
+        return None  # pragma: no cover - a pending handle is always in a slot
 
     # -- time ---------------------------------------------------------------------
     def next_expiration(self) -> float | None:
@@ -245,11 +321,9 @@ class HashedWheel:
         return None if tick is None else self._ticks.boundary(tick)
 
     def _next_tick(self) -> int | None:
-        if self._overdue._next is not self._overdue:
-            return self._current
-        if self._count == 0:
+        if self._held == self._owner.dead:  # nothing pending
             return None
-        return self._current + 1
+        return self._current if self._overdue else self._current + 1
 
     def cascade_early(self, max_tasks: int = 256) -> int:
         """Nothing to do ahead of time on a single ring (the driver protocol); returns 0."""
@@ -262,22 +336,26 @@ class HashedWheel:
         deadline order, ties in scheduling order. ``now`` earlier than the
         current tick is a no-op.
         """
+        if self._owner.dead >= COMPACT_MIN and self._wants_compaction():
+            self._compact()
         out: list[TimerHandle] = []
-        overdue = self._overdue
-        if overdue._next is not overdue:
-            self._take_all(overdue, out)
+        if self._overdue:
+            overdue, self._overdue = self._overdue, []
+            self._visit(overdue, 1 << 62, out)
         target = self._ticks.current(now)
         current = self._current
         if target > current:
-            if self._count == 0:
-                pass  # nothing to visit: jump
+            if self._held == self._owner.dead:
+                pass  # nothing pending to visit: jump
             elif target - current < len(self._wheel):
                 wheel = self._wheel
                 size = len(wheel)
+                visit = self._visit
                 for tick in range(current + 1, target + 1):
-                    slot = wheel[tick % size]
-                    if slot._next is not slot:
-                        self._visit(slot, 1, out)
+                    index = tick % size
+                    slot = wheel[index]
+                    if slot:
+                        wheel[index] = visit(slot, 1, out)
             else:
                 self._visit_all(current, target, out)
             self._current = target
@@ -285,62 +363,80 @@ class HashedWheel:
             out.sort(key=_deadline_key)
         return out
 
-    def _take_all(self, slot: _Slot, out: list[TimerHandle]) -> None:
-        node: Any = slot._next
-        while node is not slot:
-            node._link = EXPIRED
-            out.append(node)
-            node = node._next
-        slot._next = slot._prev = slot
-        self._count -= len(out)
+    def _visit(
+        self, slot: list[TimerHandle], passes: int, out: list[TimerHandle]
+    ) -> list[TimerHandle]:
+        """The pointer passes ``slot`` ``passes`` times: fire tasks with fewer rounds left.
 
-    def _visit(self, slot: _Slot, passes: int, out: list[TimerHandle]) -> None:
-        """The pointer passes ``slot`` ``passes`` times: fire tasks with fewer rounds left."""
-        node: Any = slot._next
+        Returns the handles that stay (cancelled ones are dropped), in order.
+        """
+        owner = self._owner
+        keep: list[TimerHandle] = []
+        stay = keep.append
+        fire = out.append
         fired = 0
-        while node is not slot:
-            nxt = node._next
-            if node._n < passes:
-                prev = node._prev
-                prev._next = nxt
-                nxt._prev = prev
-                node._link = EXPIRED
-                out.append(node)
+        for handle in slot:
+            if handle._link is not owner:
+                continue  # cancelled: dropped here
+            n = handle._n
+            if n < passes:
+                handle._link = EXPIRED
+                fire(handle)
                 fired += 1
             else:
-                node._n -= passes
-            node = nxt
-        self._count -= fired
+                handle._n = n - passes
+                stay(handle)
+        dropped = len(slot) - fired - len(keep)
+        owner.dead -= dropped
+        self._held -= fired + dropped
+        return keep
 
     def _visit_all(self, current: int, target: int, out: list[TimerHandle]) -> None:
         """A gap of at least one full turn: visit each slot once with its pass count."""
         wheel = self._wheel
         size = len(wheel)
         for index, slot in enumerate(wheel):
-            if slot._next is slot:
+            if not slot:
                 continue
             first = current + 1 + (index - current - 1) % size  # first tick > current here
             passes = (target - first) // size + 1
-            self._visit(slot, passes, out)
+            wheel[index] = self._visit(slot, passes, out)
+
+    def _wants_compaction(self) -> bool:
+        """True when cancelled handles outnumber pending ones (and there are enough)."""
+        dead = self._owner.dead
+        return dead >= COMPACT_MIN and dead > self._held - dead
+
+    def _compact(self) -> None:
+        """Drop every cancelled handle from the slots (order kept)."""
+        owner = self._owner
+        self._held -= owner.dead
+        wheel = self._wheel
+        for index, slot in enumerate(wheel):
+            if slot:
+                wheel[index] = [h for h in slot if h._link is owner]
+        self._overdue = [h for h in self._overdue if h._link is owner]
+        owner.dead = 0
 
     def clear(self) -> list[TimerHandle]:
         """Remove every pending handle; return them (marked dropped) in deadline order."""
+        owner = self._owner
         out: list[TimerHandle] = []
         for slot in (self._overdue, *self._wheel):
-            node: Any = slot._next
-            while node is not slot:
-                node._link = DROPPED
-                out.append(node)
-                node = node._next
-            slot._next = slot._prev = slot
-        self._count = 0
+            for handle in slot:
+                if handle._link is owner:
+                    handle._link = DROPPED
+                    out.append(handle)
+            slot.clear()
+        self._held = 0
+        owner.dead = 0
         out.sort(key=_deadline_key)
         return out
 
     def __repr__(self) -> str:
         return (
             f"<HashedWheel tick={self.tick} slots={self.slots} "
-            f"current_tick={self._current} pending={self._count}>"
+            f"current_tick={self._current} pending={self.pending()}>"
         )
 
 

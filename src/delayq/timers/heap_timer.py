@@ -24,13 +24,22 @@ from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, TimerBase, check_max_pending
-from delayq.timers.base import CANCELLED, EXPIRED, TimerHandle, _Node
+from delayq.timers.base import CANCELLED, EXPIRED, TimerHandle
 from delayq.timers.delay_queue import DelayQueue
 
 __all__ = ["DelayQueueTimer"]
 
 _INF = float("inf")
 _COMPACT_MIN = 1024  # never rebuild a queue for fewer stale entries than this
+
+
+class _HeapHandle(TimerHandle):
+    """A handle of the heap timer: also a node of its circular list of live handles."""
+
+    __slots__ = ("_next", "_prev")
+
+    _prev: _HeapHandle
+    _next: _HeapHandle
 
 
 class DelayQueueTimer(TimerBase):
@@ -57,7 +66,7 @@ class DelayQueueTimer(TimerBase):
         self._queue: DelayQueue[TimerHandle] = DelayQueue(
             clock=clock, key=operator.attrgetter("_deadline")
         )
-        self._live = _Node()
+        self._live = _HeapHandle()  # the sentinel of the list, never scheduled
         self._live._prev = self._live._next = self._live
         self._count = 0
         self._stale = 0
@@ -81,10 +90,9 @@ class DelayQueueTimer(TimerBase):
                     f"the timer holds max_pending={self._max_pending} pending timers; "
                     "cancel some or create the timer with a larger max_pending"
                 )
-            handle = TimerHandle()
+            handle = _HeapHandle()
             handle._deadline = deadline
-            handle._fn = fn
-            handle._args = args
+            handle._call = (fn, *args) if args else fn
             handle._link = self
             live = self._live
             last = live._prev
@@ -102,7 +110,7 @@ class DelayQueueTimer(TimerBase):
         """How many callbacks wait for their deadline."""
         return self._count
 
-    def _unlink(self, handle: TimerHandle) -> None:
+    def _unlink(self, handle: _HeapHandle) -> None:
         prev, nxt = handle._prev, handle._next
         prev._next = nxt
         nxt._prev = prev

@@ -7,8 +7,9 @@ then 400 ms, 8 s, 160 s, ...). Upper levels are created lazily, on the first
 task that needs them, so a timer due in years costs a handful of levels, and
 memory is proportional to the pending tasks, not to the span.
 
-Each bucket is a circular doubly-linked list (O(1) add and cancel). A bucket of
-level ``k`` expires at its start; its tasks are then re-inserted from level 0
+Each bucket is a flat list of handles (O(1) add; cancel is O(1) and lazy,
+the handle is dropped when its bucket is processed). A bucket of level ``k``
+expires at its start; its tasks are then re-inserted from level 0
 upwards and land in a finer level (or fire, if their tick has come), which is
 why every task finally fires from level 0, at the first 1 ms boundary at or
 after its deadline.
@@ -32,6 +33,7 @@ import heapq
 import math
 import sys
 import threading
+from bisect import bisect_right as _bisect
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -40,7 +42,16 @@ from delayq._validate import check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
-from delayq.timers.base import DROPPED, EXPIRED, LinkedHandle, TimerHandle, _Node, _Ticks
+from delayq.timers.base import (
+    COMPACT_MIN,
+    DROPPED,
+    EXPIRED,
+    TimerHandle,
+    WheelHandle,
+    _no_clock,
+    _Owner,
+    _Ticks,
+)
 
 __all__ = ["HierarchicalWheel", "TimingWheel"]
 
@@ -49,22 +60,21 @@ _ceil = math.ceil
 _NO_LIMIT = sys.maxsize
 
 
-class _Bucket(_Node):
-    """One bucket: the sentinel of a circular list, and its expiration tick (-1: not queued).
+class _Bucket(list[TimerHandle]):
+    """One bucket: a flat list of handles, and its expiration tick (-1: not queued).
 
-    ``room`` counts down the tasks linked since the bucket was queued; when it
-    reaches 0 the bucket is big enough to be cascaded ahead of its
-    expiration (it starts negative where that never applies: level 0).
+    When an upper-level bucket grows to its level's ``early_at`` handles it
+    is big enough to be cascaded ahead of its expiration. Cancelled handles
+    stay in the list until the bucket is processed or the wheel compacts
+    (see :class:`~delayq.timers.base._Owner`).
     """
 
-    __slots__ = ("expiration", "level", "room")
+    __slots__ = ("expiration", "level")
 
     def __init__(self, level: int) -> None:
-        self._prev = self
-        self._next = self
+        super().__init__()
         self.level = level
         self.expiration = -1
-        self.room = -1
 
 
 class _Level:
@@ -84,10 +94,14 @@ class _Level:
     bucket.
     """
 
-    __slots__ = ("buckets", "current", "index", "size", "span", "unit")
+    __slots__ = ("buckets", "current", "early_at", "index", "size", "span", "unit")
 
-    def __init__(self, index: int, unit: int, wheel_size: int, current: int) -> None:
+    def __init__(
+        self, index: int, unit: int, wheel_size: int, current: int, early_min: int
+    ) -> None:
         self.index = index
+        # A bucket holding this many handles is cascaded early (-1: never; level 0 never).
+        self.early_at = early_min if index > 0 else -1
         self.unit = unit
         self.size = 2 * wheel_size
         self.span = unit * wheel_size
@@ -108,7 +122,11 @@ def _check_early_cascade(value: int | None) -> int:
 
 
 def _order_key(handle: TimerHandle) -> tuple[float, int]:
-    return (handle._deadline, handle._n)
+    # Ties FIFO without a sequence number: of two tasks with the same
+    # deadline, the one scheduled first went to the same or a higher level
+    # (levels only get finer as time passes), and within one bucket handles
+    # keep their order through every cascade.
+    return (handle._deadline, -handle._n)
 
 
 class HierarchicalWheel:
@@ -131,20 +149,26 @@ class HierarchicalWheel:
     __slots__ = (
         "_closed",
         "_cond",
-        "_count",
         "_current",
         "_early",
+        "_early_lead",
         "_early_min",
         "_heap",
+        "_held",
         "_levels",
         "_limit",
+        "_limits",
         "_lock",
         "_max_pending",
+        "_monotonic",
         "_overdue",
+        "_owner",
         "_pushes",
-        "_seq",
+        "_ring",
         "_size",
         "_sleep_tick",
+        "_start",
+        "_tick",
         "_ticks",
     )
 
@@ -163,26 +187,42 @@ class HierarchicalWheel:
         self._ticks = _Ticks(check_seconds(start, "start"), seconds)
         self._size = wheel_size
         self._current = 0
-        self._levels = [_Level(0, 1, wheel_size, 0)]
+        self._early_min = _check_early_cascade(early_cascade)
+        self._levels = [_Level(0, 1, wheel_size, 0, self._early_min)]
+        # limits[i] = levels[i].current + levels[i].span: a task due before it fits
+        # level i, so bisect finds the finest level for a tick in one C call.
+        self._limits = [self._levels[0].current + self._levels[0].span]
+        self._ring = 2 * wheel_size  # buckets per level
         # (expiration tick, push number, bucket): the non-empty buckets by expiration.
         self._heap: list[tuple[int, int, _Bucket]] = []
         self._pushes = 0
         # (tick, push number, bucket, expiration): big upper-level buckets by the
         # tick from which they may be cascaded early (their expiration - unit).
         self._early: list[tuple[int, int, _Bucket, int]] = []
-        self._early_min = _check_early_cascade(early_cascade)
+        self._early_lead = wheel_size * wheel_size  # ticks
         self._overdue = _Bucket(-1)  # scheduled at or before the current tick: due now
-        self._count = 0
-        self._seq = 0
+        self._held = 0  # handles in the buckets: pending, or cancelled and not yet dropped
+        self._start, self._tick = self._ticks.start, self._ticks.tick  # read by every schedule
         self._max_pending = check_max_pending(max_pending)
         self._limit = _NO_LIMIT if self._max_pending is None else self._max_pending
-        # Guards schedule and cancel; a driver replaces it with its own lock,
+        # The lock, the pending and cancelled counts: what handles point to.
+        # The lock guards schedule and cancel; a driver attaches its own,
         # under which it also calls advance() and clear().
-        self._lock = threading.Lock()
+        self._owner = _Owner()
+        self._lock = self._owner.lock
         self._cond: threading.Condition | None = None  # the driver's condition, to wake it
+        self._monotonic: Callable[[], float] = _no_clock  # the driver's clock
         self._closed = False  # set by the driver when its timer stops
         # The tick a driver sleeps until (inf: until notified; -inf: nobody sleeps).
         self._sleep_tick = -_INF
+
+    def _attach(
+        self, lock: threading.Lock, cond: threading.Condition, monotonic: Callable[[], float]
+    ) -> None:
+        """Use a driver's lock and clock, and notify its condition for earlier wake-ups."""
+        self._lock = self._owner.lock = lock
+        self._cond = self._owner.cond = cond
+        self._monotonic = monotonic
 
     # -- properties -----------------------------------------------------------
     @property
@@ -211,23 +251,23 @@ class HierarchicalWheel:
         return len(self._levels)
 
     def __len__(self) -> int:
-        return self._count
+        return self._held - self._owner.dead
 
     def pending(self) -> int:
         """How many handles wait (not fired, not cancelled)."""
-        return self._count
+        return self._held - self._owner.dead
 
     def level_of(self, handle: TimerHandle) -> int | None:
         """The level whose bucket holds ``handle`` (-1: due now), None if not pending.
 
-        For inspection and tests: walks the bucket's list to its sentinel.
+        For inspection and tests: searches the buckets.
         """
-        if handle._link is not self:
+        if handle._link is not self._owner:
             return None
-        node: _Node = handle._next
-        while not isinstance(node, _Bucket):
-            node = node._next
-        return node.level
+        for bucket in (self._overdue, *(b for level in self._levels for b in level.buckets)):
+            if any(h is handle for h in bucket):
+                return bucket.level
+        return None  # pragma: no cover - a pending handle is always in a bucket
 
     # -- scheduling -------------------------------------------------------------
     def schedule_at(self, deadline: float, fn: Callable[..., object], /, *args: Any) -> TimerHandle:
@@ -241,12 +281,11 @@ class HierarchicalWheel:
             deadline = check_seconds(deadline, "deadline")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
-        handle = LinkedHandle()
+        handle = WheelHandle()
         handle._deadline = deadline
-        handle._fn = fn
-        handle._args = args
-        ticks = self._ticks
-        start, tick = ticks.start, ticks.tick
+        handle._call = (fn, *args) if args else fn
+        start = self._start
+        tick = self._tick
         due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
         if start + due * tick < deadline:
             due += 1
@@ -256,38 +295,35 @@ class HierarchicalWheel:
         lock = self._lock
         lock.acquire()
         try:
-            if self._closed:
-                raise QueueClosed("cannot schedule on a stopped timer")
-            if self._count >= self._limit:
-                raise self._full()
-            handle._link = self
-            handle._n = self._seq
-            self._seq += 1
-            # _place inlined for the common case: a level that already exists.
-            if due <= self._current:
-                bucket = self._overdue
-                expiration = self._current
-            else:
-                for level in self._levels:
-                    if due < level.current + level.span:
-                        unit = level.unit
-                        bucket_id = due // unit
-                        bucket = level.buckets[bucket_id % level.size]
-                        expiration = bucket_id * unit
-                        if bucket.expiration != expiration:
-                            self._queue_bucket(bucket, expiration)
-                        bucket.room -= 1
-                        if not bucket.room:
-                            self._queue_early(bucket)
-                        break
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
+            if due > self._current:
+                # _bucket_for inlined for the common case: a level that already exists.
+                index = _bisect(self._limits, due)
+                if index < len(self._limits):
+                    handle._n = index
+                    level = self._levels[index]
+                    unit = level.unit
+                    bucket_id = due // unit
+                    bucket = level.buckets[bucket_id % self._ring]
+                    expiration = bucket_id * unit
+                    if bucket.expiration != expiration:
+                        self._queue_bucket(bucket, expiration)
+                    bucket.append(handle)
+                    if len(bucket) == level.early_at:
+                        self._queue_early(bucket)
                 else:
                     bucket, expiration = self._bucket_for(due)
-            last = bucket._prev
-            handle._prev = last
-            handle._next = bucket
-            last._next = handle
-            bucket._prev = handle
-            self._count += 1
+                    handle._n = bucket.level
+                    bucket.append(handle)
+                    if len(bucket) == self._levels[bucket.level].early_at:
+                        self._queue_early(bucket)
+            else:
+                handle._n = -1
+                self._overdue.append(handle)
+                expiration = self._current
+            self._held += 1
             if expiration < self._sleep_tick:  # only while a driver sleeps past it
                 self._sleep_tick = -_INF
                 self._wake()
@@ -295,11 +331,89 @@ class HierarchicalWheel:
             lock.release()
         return handle
 
-    def _full(self) -> QueueFull:
-        return QueueFull(
-            f"the wheel holds max_pending={self._max_pending} pending timers; "
-            "cancel some or create the timer with a larger max_pending"
-        )
+    def _schedule_after(
+        self, delay: float, fn: Callable[..., object], /, *args: Any
+    ) -> TimerHandle:
+        """One-frame ``schedule_at(monotonic() + delay, fn, *args)``: the timer's schedule_after.
+
+        The same body as :meth:`schedule_at` (a call per schedule saved):
+        change both together. ``_monotonic`` is the driver's clock.
+        """
+        cls = delay.__class__
+        if not ((cls is float and -_INF < delay < _INF) or cls is int):
+            delay = check_seconds(delay, "delay")
+        deadline = self._monotonic() + delay
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        handle = WheelHandle()
+        handle._deadline = deadline
+        handle._call = (fn, *args) if args else fn
+        start = self._start
+        tick = self._tick
+        due = _ceil((deadline - start) / tick)  # inlined _Ticks.due: the hot path
+        if start + due * tick < deadline:
+            due += 1
+        elif start + (due - 1) * tick >= deadline:
+            due -= 1
+        # acquire/release in try/finally: about 80 ns cheaper than ``with``.
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._held >= self._limit:  # -1 once closed: one test for both
+                self._refuse()
+            handle._link = self._owner
+            if due > self._current:
+                # _bucket_for inlined for the common case: a level that already exists.
+                index = _bisect(self._limits, due)
+                if index < len(self._limits):
+                    handle._n = index
+                    level = self._levels[index]
+                    unit = level.unit
+                    bucket_id = due // unit
+                    bucket = level.buckets[bucket_id % self._ring]
+                    expiration = bucket_id * unit
+                    if bucket.expiration != expiration:
+                        self._queue_bucket(bucket, expiration)
+                    bucket.append(handle)
+                    if len(bucket) == level.early_at:
+                        self._queue_early(bucket)
+                else:
+                    bucket, expiration = self._bucket_for(due)
+                    handle._n = bucket.level
+                    bucket.append(handle)
+                    if len(bucket) == self._levels[bucket.level].early_at:
+                        self._queue_early(bucket)
+            else:
+                handle._n = -1
+                self._overdue.append(handle)
+                expiration = self._current
+            self._held += 1
+            if expiration < self._sleep_tick:  # only while a driver sleeps past it
+                self._sleep_tick = -_INF
+                self._wake()
+        finally:
+            lock.release()
+        return handle
+
+    def _refuse(self) -> None:
+        """Raise why a schedule is refused: stopped, or ``max_pending`` reached.
+
+        ``_held`` counts cancelled handles not yet dropped too, so a full
+        count is checked again without them first (lock held).
+        """
+        if self._closed:
+            raise QueueClosed("cannot schedule on a stopped timer")
+        if self._held - self._owner.dead >= self._limit:
+            raise QueueFull(
+                f"the wheel holds max_pending={self._max_pending} pending timers; "
+                "cancel some or create the timer with a larger max_pending"
+            )
+        self._compact()  # room once the cancelled ones are dropped
+
+    def _close(self) -> None:
+        """Refuse every later schedule (the driver's stop; lock held)."""
+        self._closed = True
+        self._limit = -1
 
     def _wake(self) -> None:
         if self._cond is not None:
@@ -308,7 +422,6 @@ class HierarchicalWheel:
     def _queue_bucket(self, bucket: _Bucket, expiration: int) -> None:
         """Put a bucket that just became non-empty (for ``expiration``) on the heap."""
         bucket.expiration = expiration
-        bucket.room = self._early_min if bucket.level > 0 else -1
         self._pushes += 1
         heapq.heappush(self._heap, (expiration, self._pushes, bucket))
 
@@ -316,10 +429,15 @@ class HierarchicalWheel:
         """Note that ``bucket`` (upper level, just grown big) may be cascaded early.
 
         From one unit before its expiration it is the level's next bucket,
-        and its tasks fit the level below (whose ring has room for them).
+        and its tasks fit the level below (whose ring has room for them). It
+        is cascaded from at most ``wheel_size**2`` ticks (one level-2 bucket,
+        400 ms at the defaults) before it expires, not a whole unit of a high
+        level (8 s at level 3): time enough to move it in steps, and work
+        done neither long before it is needed nor twice for tasks that keep
+        arriving in it.
         """
         expiration = bucket.expiration
-        tick = expiration - self._levels[bucket.level].unit
+        tick = expiration - min(self._levels[bucket.level].unit, self._early_lead)
         self._pushes += 1
         heapq.heappush(self._early, (tick, self._pushes, bucket, expiration))
         if tick < self._sleep_tick:  # a sleeping driver should start on it sooner
@@ -329,7 +447,9 @@ class HierarchicalWheel:
     def _bucket_for(self, due: int) -> tuple[_Bucket, int]:
         """The bucket for tick ``due`` (> current), queued, and its expiration.
 
-        Walks up from level 0 and creates overflow levels as needed.
+        Walks up from level 0 and creates overflow levels as needed. The
+        caller appends the handle, then queues the bucket for early cascade
+        if that made it big (``len(bucket) == level.early_at``).
         """
         levels = self._levels
         level = levels[0]
@@ -337,30 +457,28 @@ class HierarchicalWheel:
             if level.index + 1 < len(levels):
                 level = levels[level.index + 1]
             else:
-                level = _Level(level.index + 1, level.span, self._size, level.current)
+                level = _Level(
+                    level.index + 1, level.span, self._size, level.current, self._early_min
+                )
                 levels.append(level)
+                self._limits.append(level.current + level.span)
         unit = level.unit
         bucket_id = due // unit
         bucket = level.buckets[bucket_id % level.size]
         expiration = bucket_id * unit
         if bucket.expiration != expiration:
             self._queue_bucket(bucket, expiration)
-        bucket.room -= 1
-        if not bucket.room:
-            self._queue_early(bucket)
         return bucket, expiration
 
     def _place(self, handle: TimerHandle, due: int) -> None:
-        """Link ``handle`` (due at tick ``due``) into the finest level that spans it."""
-        bucket = self._overdue if due <= self._current else self._bucket_for(due)[0]
-        last = bucket._prev
-        handle._prev = last
-        handle._next = bucket
-        last._next = handle
-        bucket._prev = handle
-
-    def _cancel(self, handle: TimerHandle) -> bool:
-        return LinkedHandle.cancel(handle)  # type: ignore[arg-type]  # handles are linked
+        """Add ``handle`` (due at tick ``due``) to the finest level that spans it."""
+        if due <= self._current:
+            self._overdue.append(handle)
+            return
+        bucket = self._bucket_for(due)[0]
+        bucket.append(handle)
+        if len(bucket) == self._levels[bucket.level].early_at:
+            self._queue_early(bucket)
 
     # -- time ---------------------------------------------------------------------
     def next_expiration(self) -> float | None:
@@ -389,23 +507,37 @@ class HierarchicalWheel:
         early = self._early
         while early:
             tick, _, bucket, expiration = early[0]
-            if bucket.expiration == expiration and bucket._next is not bucket:
+            if bucket.expiration == expiration and self._has_live(bucket):
                 return max(tick, self._current)
             heapq.heappop(early)
         return None
 
     def _next_expiring(self) -> int | None:
-        if self._overdue._next is not self._overdue:
+        if self._has_live(self._overdue):
             return self._current
         heap = self._heap
         while heap:
             expiration, _, bucket = heap[0]
-            if bucket._next is not bucket and bucket.expiration == expiration:
+            if bucket.expiration == expiration and self._has_live(bucket):
                 return expiration
             heapq.heappop(heap)
             if bucket.expiration == expiration:
                 bucket.expiration = -1
         return None
+
+    def _has_live(self, bucket: _Bucket) -> bool:
+        """True if ``bucket`` holds a pending handle; drops the cancelled ones before it."""
+        owner = self._owner
+        dead = 0
+        for handle in bucket:
+            if handle._link is owner:
+                break
+            dead += 1
+        if dead:
+            del bucket[:dead]
+            owner.dead -= dead
+            self._held -= dead
+        return bool(bucket)
 
     def advance(self, now: float) -> list[TimerHandle]:
         """Expire every bucket due by ``now``; return the handles that fire.
@@ -414,43 +546,54 @@ class HierarchicalWheel:
         returned handles are marked expired, in deadline order, ties in
         scheduling order.
         """
+        owner = self._owner
+        if owner.dead >= COMPACT_MIN and self._wants_compaction():
+            self._compact()
         out: list[TimerHandle] = []
+        fire = out.append
+        dead = 0
         overdue = self._overdue
-        if overdue._next is not overdue:
-            node: Any = overdue._next
-            while node is not overdue:
-                node._link = EXPIRED
-                out.append(node)
-                node = node._next
-            overdue._next = overdue._prev = overdue
+        if overdue:
+            for handle in overdue:
+                if handle._link is owner:
+                    handle._link = EXPIRED
+                    fire(handle)
+                else:
+                    dead += 1
+            overdue.clear()
         target = self._ticks.current(now)
         heap = self._heap
         due_of = self._ticks.due
+        place = self._place
         while heap and heap[0][0] <= target:
             expiration, _, bucket = heapq.heappop(heap)
             if bucket.expiration != expiration:
                 continue  # stale entry (the bucket was pruned and reused)
             bucket.expiration = -1
             self._advance_clock(expiration)
-            node = bucket._next
-            bucket._next = bucket._prev = bucket
+            handles = bucket[:]
+            bucket.clear()
             if bucket.level == 0:  # every task here is due at exactly this tick
-                while node is not bucket:
-                    node._link = EXPIRED
-                    out.append(node)
-                    node = node._next
+                for handle in handles:
+                    if handle._link is owner:
+                        handle._link = EXPIRED
+                        fire(handle)
+                    else:
+                        dead += 1
                 continue
-            while node is not bucket:
-                nxt = node._next
-                due = due_of(node._deadline)
+            for handle in handles:
+                if handle._link is not owner:
+                    dead += 1
+                    continue
+                due = due_of(handle._deadline)
                 if due <= expiration:
-                    node._link = EXPIRED
-                    out.append(node)
+                    handle._link = EXPIRED
+                    fire(handle)
                 else:
-                    self._place(node, due)
-                node = nxt
+                    place(handle, due)
         self._advance_clock(target)
-        self._count -= len(out)
+        self._held -= len(out) + dead
+        owner.dead -= dead
         if len(out) > 1:
             out.sort(key=_order_key)
         return out
@@ -475,69 +618,87 @@ class HierarchicalWheel:
         current = self._current
         due_of = self._ticks.due
         levels = self._levels
+        owner = self._owner
         moved = 0
         while early and early[0][0] <= current and moved < max_tasks:
             _, _, bucket, expiration = early[0]
-            if bucket.expiration != expiration or bucket._next is bucket:
+            if bucket.expiration != expiration or not bucket:
                 heapq.heappop(early)
                 continue
             lower = levels[bucket.level - 1]
             unit, size, ring = lower.unit, lower.size, lower.buckets
-            node: Any = bucket._next
-            while node is not bucket and moved < max_tasks:
-                nxt = node._next
-                bucket_id = due_of(node._deadline) // unit
+            taken = 0
+            dead = 0
+            for handle in bucket:
+                if moved == max_tasks:
+                    break
+                taken += 1
+                if handle._link is not owner:
+                    dead += 1
+                    continue
+                bucket_id = due_of(handle._deadline) // unit
                 target = ring[bucket_id % size]
                 target_expiration = bucket_id * unit
                 if target.expiration != target_expiration:
                     self._queue_bucket(target, target_expiration)
-                last = target._prev
-                node._prev = last
-                node._next = target
-                last._next = node
-                target._prev = node
-                target.room -= 1
-                if not target.room:
+                target.append(handle)
+                if len(target) == lower.early_at:
                     self._queue_early(target)
                 moved += 1
-                node = nxt
-            bucket._next = node  # unlink the moved prefix
-            node._prev = bucket
-            if node is bucket:
+            del bucket[:taken]  # the moved prefix
+            owner.dead -= dead
+            self._held -= dead
+            if not bucket:  # it may grow big again before it expires, and be queued again
                 heapq.heappop(early)
-                bucket.room = self._early_min  # may grow big again before it expires
         return moved
 
     def _advance_clock(self, tick: int) -> None:
         if tick > self._current:
             self._current = tick
+            limits = self._limits
             for level in self._levels:
-                level.current = tick - tick % level.unit
+                level.current = current = tick - tick % level.unit
+                limits[level.index] = current + level.span
 
     def clear(self) -> list[TimerHandle]:
         """Remove every pending handle; return them (marked dropped) in deadline order."""
+        owner = self._owner
         out: list[TimerHandle] = []
         buckets = [self._overdue]
         for level in self._levels:
             buckets.extend(level.buckets)
         for bucket in buckets:
-            node: Any = bucket._next
-            while node is not bucket:
-                node._link = DROPPED
-                out.append(node)
-                node = node._next
-            bucket._next = bucket._prev = bucket
+            for handle in bucket:
+                if handle._link is owner:
+                    handle._link = DROPPED
+                    out.append(handle)
+            bucket.clear()
             bucket.expiration = -1
         self._heap.clear()
         self._early.clear()
-        self._count = 0
+        self._held = 0
+        owner.dead = 0
         out.sort(key=_order_key)
         return out
+
+    def _wants_compaction(self) -> bool:
+        """True when cancelled handles outnumber pending ones (and there are enough)."""
+        dead = self._owner.dead
+        return dead >= COMPACT_MIN and dead > self._held - dead
+
+    def _compact(self) -> None:
+        """Drop every cancelled handle from the buckets (order kept)."""
+        owner = self._owner
+        self._held -= owner.dead
+        for bucket in (self._overdue, *(b for level in self._levels for b in level.buckets)):
+            if bucket:
+                bucket[:] = [h for h in bucket if h._link is owner]
+        owner.dead = 0
 
     def __repr__(self) -> str:
         return (
             f"<HierarchicalWheel tick={self.tick} wheel_size={self._size} levels={self.levels} "
-            f"current_tick={self._current} pending={self._count}>"
+            f"current_tick={self._current} pending={self.pending()}>"
         )
 
 

@@ -54,6 +54,19 @@ local function due_time(text)
   return tonumber(text)
 end
 
+-- The PX of a job's shadow key (the expiry trigger) for a due time in ms: an
+-- integer, at least 1 and at most SHADOW_MAX_MS. A job due later gets a shadow
+-- that expires early: only a spurious wake-up (the due set decides), where a PX
+-- beyond what SET accepts would fail the script after earlier writes.
+local SHADOW_MAX_MS = 100 * 365 * 86400 * 1000
+local function shadow_ttl(score)
+  local ms = math.ceil(score - NOW_MS)
+  if ms ~= ms or ms > SHADOW_MAX_MS then -- NaN or too far
+    ms = SHADOW_MAX_MS
+  end
+  return string.format('%d', math.max(1, ms))
+end
+
 -- Put job `id` in the due set at `run_at` (seconds). Ties are claimed in
 -- enqueue order: the member starts with the job's fixed-width sequence number
 -- (ZSET ties are ordered by member). A job keeps its sequence number when it is
@@ -68,8 +81,7 @@ local function schedule(key, id, run_at, fresh)
   local score = run_at * 1000
   redis.call('ZADD', K_DUE, score, member)
   if SHADOW_PREFIX ~= '' then
-    local ms = math.max(1, math.ceil(score - NOW_MS))
-    redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', ms)
+    redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', shadow_ttl(score))
   end
   return member
 end
@@ -170,6 +182,63 @@ local function stale(key, token)
     return nil
   end
   return {0, fields[1] or '', fields[2] or ''}
+end
+
+-- Fencing tokens: `count` tokens larger than every token handed out before,
+-- also after Redis lost writes (a restart without persistence, an RDB or AOF
+-- restore, a failover to a replica that missed the last writes). A rolled-back
+-- counter alone would repeat tokens; so the first is max(last + 1, server time
+-- in microseconds): a token never runs ahead of the clock by more than the
+-- tokens issued per microsecond (a claim takes longer than that per job), and
+-- the clock has moved on past every lost token by the time a restarted server
+-- answers. Returns the first (a Lua number; format it with %d: tostring would
+-- round it) and stores the last. Integers stay exact in a double until 2^53 us
+-- (the year 2255).
+local function new_tokens(count)
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local first = math.max(tonumber(redis.call('GET', K_TOKEN) or '0') + 1, us)
+  redis.call('SET', K_TOKEN, string.format('%d', first + count - 1))
+  return first
+end
+
+-- Return an expired lease to the due set (due from the moment it ran out), or
+-- bury the job when it has used all its attempts. `f` is its HMGET of state,
+-- attempts, max_attempts, lease_until. Returns the job's new state. Used by
+-- claim (which recovers expired leases first) and by cancel and reschedule: a
+-- job whose lease ran out is not running, whatever its hash still says.
+-- The messages mirror lease_expired_error / lease_expired_note in _common.py.
+local function recover_lease(key, id, f)
+  redis.call('ZREM', K_RUNNING, id)
+  local attempts, max_attempts = tonumber(f[2]), tonumber(f[3])
+  local at = format_time(tonumber(f[4]))
+  if attempts >= max_attempts then
+    bury(key, id, string.format('lease expired at %s after %d attempts (max_attempts=%d): '
+      .. 'the worker holding it stopped or hung', at, attempts, max_attempts))
+    return 'dead'
+  end
+  -- Due again from the moment its lease ran out: lateness (and the misfire
+  -- policy) is measured from there, not from the first due time.
+  local note = string.format('lease expired at %s during attempt %d: the worker holding '
+    .. 'it stopped or hung; returned to the due set', at, attempts)
+  redis.call('HSET', key, 'state', 'scheduled', 'run_at', f[4], 'last_error', note,
+    'updated_at', fmt(NOW))
+  redis.call('HDEL', key, 'lease_until')
+  schedule(key, id, tonumber(f[4]), false)
+  return 'scheduled'
+end
+
+-- live_state, with a running job whose lease has expired recovered first (see
+-- recover_lease): what cancel and reschedule act on.
+local function settled_state(key, id)
+  local state = live_state(key, id)
+  if state == 'running' then
+    local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+    if tonumber(f[4]) * 1000 <= NOW_MS then
+      return recover_lease(key, id, f)
+    end
+  end
+  return state
 end
 
 -- Finish a claimed job as succeeded or skipped with an optional note ("" = none).

@@ -1,12 +1,13 @@
 -- claim: hand up to `limit` due jobs to one worker under a lease.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
+-- KEYS[10]  this claim request's key, unique per call and kept for its retry: when it
+--           exists, the call is a retry whose first reply was lost, and it returns the
+--           jobs that call claimed (those still held by its tokens)
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- ARGV[5]   limit: the most jobs to claim
 -- ARGV[6]   lease in seconds
 -- ARGV[7]   the most expired leases to recover in this call
--- ARGV[8]   this claim request's key (same hash tag), unique per call and kept for its
---           retry: when it exists, the call is a retry whose first reply was lost, and
---           it returns the jobs that call claimed (those still held by its tokens)
+-- ARGV[8]   how long the request's record is kept for a retry, in ms
 -- ARGV[9]   the most expired finished records to drop from their indexes in this call
 -- Returns {now, lease_until, next, woke, id1, fields1, id2, fields2, ...}: fields is the
 -- job's HGETALL after the claim; next is the milliseconds until the next due job or lease
@@ -25,24 +26,36 @@
 -- and recovers the lease on time if this worker dies. Under load this never fires
 -- (the head is near, or an older lease ends first); only a job claimed in a quiet
 -- moment costs one extra wake-up.
+--
+-- The request's record is one short string, "<now> <lease_until> <first token>
+-- <last token>": the jobs of one claim share its lease deadline (their score in
+-- the running set) and hold consecutive tokens, so a retry finds them there.
 local limit = tonumber(ARGV[5])
 local lease = tonumber(ARGV[6])
 local max_recover = tonumber(ARGV[7])
 local now = fmt(NOW)
-local REQUEST = ARGV[8]
+local REQUEST = KEYS[10]
+local replay_ms = tonumber(ARGV[8])
 local max_purge = tonumber(ARGV[9])
-local REPLAY_MS = 60000 -- how long a claim request's record is kept for its retry
 
-local prior = redis.call('LRANGE', REQUEST, 0, -1)
-if #prior > 0 then
-  local replay = {prior[1], prior[2], '', 0}
-  for i = 3, #prior, 2 do
-    local key = job_key(prior[i])
-    local f = redis.call('HMGET', key, 'state', 'token')
-    if f[1] == 'running' and f[2] == prior[i + 1] then
-      replay[#replay + 1] = prior[i]
-      replay[#replay + 1] = redis.call('HGETALL', key)
+local prior = redis.call('GET', REQUEST)
+if prior then
+  local p_now, p_lease, p_first, p_last = string.match(prior, '^(%S+) (%S+) (%S+) (%S+)$')
+  local first, last = tonumber(p_first), tonumber(p_last)
+  local replay = {p_now, p_lease, '', 0}
+  local score = fmt(tonumber(p_lease) * 1000)
+  local held = {}
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, score, score)) do
+    local f = redis.call('HMGET', job_key(id), 'state', 'token')
+    local token = tonumber(f[2])
+    if f[1] == 'running' and token and token >= first and token <= last then
+      held[#held + 1] = {token, id}
     end
+  end
+  table.sort(held, function(a, b) return a[1] < b[1] end) -- claim order
+  for _, h in ipairs(held) do
+    replay[#replay + 1] = h[2]
+    replay[#replay + 1] = redis.call('HGETALL', job_key(h[2]))
   end
   return replay
 end
@@ -59,25 +72,11 @@ end
 local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
 for _, id in ipairs(expired) do
   local key = job_key(id)
-  redis.call('ZREM', K_RUNNING, id)
   local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
   if f[1] == 'running' then
-    local attempts, max_attempts = tonumber(f[2]), tonumber(f[3])
-    -- The messages mirror lease_expired_error / lease_expired_note in _common.py.
-    local at = format_time(tonumber(f[4]))
-    if attempts >= max_attempts then
-      bury(key, id, string.format('lease expired at %s after %d attempts (max_attempts=%d): '
-        .. 'the worker holding it stopped or hung', at, attempts, max_attempts))
-    else
-      -- Due again from the moment its lease ran out: lateness (and the misfire
-      -- policy) is measured from there, not from the first due time.
-      local note = string.format('lease expired at %s during attempt %d: the worker holding '
-        .. 'it stopped or hung; returned to the due set', at, attempts)
-      redis.call('HSET', key, 'state', 'scheduled', 'run_at', f[4], 'last_error', note,
-        'updated_at', now)
-      redis.call('HDEL', key, 'lease_until')
-      schedule(key, id, tonumber(f[4]), false)
-    end
+    recover_lease(key, id, f)
+  else
+    redis.call('ZREM', K_RUNNING, id)
   end
 end
 
@@ -90,7 +89,10 @@ if #members > 0 then
   lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
 end
 local claimed = 0
-local record = {now, lease_until_s}
+local first_token = 0
+if #members > 0 then
+  first_token = new_tokens(#members)
+end
 for _, member in ipairs(members) do
   local id = string.sub(member, 17)
   local key = job_key(id)
@@ -99,22 +101,20 @@ for _, member in ipairs(members) do
     redis.call('DEL', SHADOW_PREFIX .. id)
   end
   if redis.call('HGET', key, 'state') == 'scheduled' then
-    local token = redis.call('INCR', K_TOKEN)
+    local token = string.format('%d', first_token + claimed)
     redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
       'updated_at', now)
     redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
     claimed = claimed + 1
-    record[#record + 1] = id
-    record[#record + 1] = token
     result[#result + 1] = id
     result[#result + 1] = redis.call('HGETALL', key)
   end
 end
 
 if claimed > 0 then
-  redis.call('RPUSH', REQUEST, unpack(record))
-  redis.call('PEXPIRE', REQUEST, REPLAY_MS)
+  redis.call('SET', REQUEST, string.format('%s %s %d %d', now, lease_until_s, first_token,
+    first_token + claimed - 1), 'PX', replay_ms)
 end
 
 local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')

@@ -32,8 +32,9 @@ for i = 0, n - 1 do
       end
       redis.call('ZREM', K_RUNNING, id)
       redis.call('HINCRBY', key, 'attempts', -1)
-      redis.call('HSET', key, 'state', 'scheduled', 'last_error', ARGV[base + 4],
-        'updated_at', fmt(NOW))
+      -- A real error of an earlier attempt stays; the note only fills an empty one.
+      redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
+      redis.call('HSETNX', key, 'last_error', ARGV[base + 4])
       redis.call('HDEL', key, 'lease_until')
       schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
     elseif state == 'scheduled' then

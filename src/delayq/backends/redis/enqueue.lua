@@ -95,7 +95,7 @@ for i = 0, n - 1 do
       zadd = {}
     end
     if SHADOW_PREFIX ~= '' then
-      redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', math.max(1, math.ceil(score - NOW_MS)))
+      redis.call('SET', SHADOW_PREFIX .. id, '', 'PX', shadow_ttl(score))
     end
   end
   result[#result + 1] = outcomes[i]

@@ -3,10 +3,12 @@
 -- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
 -- ARGV[6]   run_at in epoch seconds, or "+<seconds>" after the server's now
--- Returns {"rescheduled" | "running" | "finished" | "not_found", woke (0/1)}.
+-- Returns {"rescheduled" | "rescheduled_after_attempt" | "running" | "finished" |
+-- "not_found", woke (0/1)}. A running job whose lease has expired is not running: it is
+-- recovered first (see recover_lease) and then moved (or it is dead: finished).
 local id, run_at = ARGV[5], due_time(ARGV[6])
 local key = job_key(id)
-local state = live_state(key, id)
+local state = settled_state(key, id)
 if not state then
   return {'not_found', 0}
 elseif state == 'running' then
@@ -18,4 +20,8 @@ local before = head_score()
 unschedule(key, id)
 redis.call('HSET', key, 'run_at', fmt(run_at), 'updated_at', fmt(NOW))
 schedule(key, id, run_at, false)
-return {'rescheduled', wake_if_earlier(before)}
+local outcome = 'rescheduled'
+if tonumber(redis.call('HGET', key, 'attempts')) > 0 then
+  outcome = 'rescheduled_after_attempt'
+end
+return {outcome, wake_if_earlier(before)}

@@ -1,0 +1,183 @@
+"""The asyncio producer API: :class:`AsyncDelayQ`, ``await``-able twin of DelayQ.
+
+For asyncio web apps (FastAPI, aiohttp, Starlette) that schedule and manage
+jobs without blocking their event loop::
+
+    aq = AsyncDelayQ("sqlite:///jobs.db")        # or AsyncDelayQ(app=existing_delayq)
+    job_id = await aq.schedule("order.cancel", {"order": 42}, delay=1800)
+    outcome = await aq.cancel(job_id)           # CancelOutcome.CANCELLED
+
+Every method has the name, arguments, validation, errors and outcomes of the
+:class:`~delayq.app.DelayQ` method of the same name, because it IS that method:
+the call runs in a worker thread (``asyncio.to_thread``, which carries the
+caller's context variables, e.g. a trace context, along). None of delayq's
+stores has an asyncio client today (the SQLite module is synchronous, and the
+Redis store's Lua scripts and wake-ups are written against redis-py's sync
+client), so a thread is the honest way not to block the loop; one thread per
+call in flight, from the loop's default executor.
+
+Handlers keep being registered on the :class:`DelayQ` (``aq.app``); async
+handlers run on the worker's event loop, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Literal
+
+from delayq.app import BackoffArg, DelayQ, MisfireArg, WhenArg
+from delayq.errors import ConfigurationError
+from delayq.job import (
+    CancelOutcome,
+    EnqueueOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    OnConflict,
+    RescheduleOutcome,
+    Stats,
+)
+
+__all__ = ["AsyncDelayQ"]
+
+
+class AsyncDelayQ:
+    """``await``-able producer API over a :class:`DelayQ` (see the module docstring).
+
+    Give either the arguments of ``DelayQ(...)`` (this object then owns the app
+    and closes it) or an existing ``app=`` (left open on :meth:`close`).
+    """
+
+    def __init__(self, url: str | None = None, *, app: DelayQ | None = None, **options: Any):
+        if app is not None:
+            if url is not None or options:
+                raise ConfigurationError("give either DelayQ's arguments or app=, not both")
+            self.app = app
+            self._owns_app = False
+        else:
+            self.app = DelayQ(url, **options)
+            self._owns_app = True
+
+    # -- producers ----------------------------------------------------------
+    async def schedule(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+        job_id: str | None = None,
+        on_conflict: OnConflict = "reject",
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: MisfireArg = None,
+    ) -> str:
+        """:meth:`DelayQ.schedule`: store one job; its id."""
+        return await asyncio.to_thread(
+            self.app.schedule,
+            name,
+            payload,
+            delay=delay,
+            at=at,
+            job_id=job_id,
+            on_conflict=on_conflict,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            misfire=misfire,
+        )
+
+    async def schedule_many(
+        self, jobs: Iterable[Mapping[str, Any]], *, on_conflict: OnConflict = "reject"
+    ) -> list[str]:
+        """:meth:`DelayQ.schedule_many`: a batch, atomically; the ids in order."""
+        items = list(jobs)  # a generator is read here, not in another thread
+        return await asyncio.to_thread(self.app.schedule_many, items, on_conflict=on_conflict)
+
+    def build(self, name: str, payload: Any = None, **options: Any) -> JobSpec:
+        """:meth:`DelayQ.build` (no I/O, so not a coroutine)."""
+        return self.app.build(name, payload, **options)
+
+    async def enqueue(
+        self, specs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]:
+        """:meth:`DelayQ.enqueue`: store built specs; each outcome."""
+        return await asyncio.to_thread(self.app.enqueue, list(specs), on_conflict=on_conflict)
+
+    async def cancel(self, job_id: str) -> CancelOutcome:
+        """:meth:`DelayQ.cancel`: cancelled, running, finished or not found."""
+        return await asyncio.to_thread(self.app.cancel, job_id)
+
+    async def reschedule(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+    ) -> RescheduleOutcome:
+        """:meth:`DelayQ.reschedule`: move a scheduled job (one of ``delay`` / ``at``)."""
+        return await asyncio.to_thread(self.app.reschedule, job_id, delay=delay, at=at)
+
+    # -- inspection and dead letters ----------------------------------------
+    async def get(self, job_id: str) -> Job | None:
+        return await asyncio.to_thread(self.app.get, job_id)
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        due_after: WhenArg | None = None,
+        due_before: WhenArg | None = None,
+        limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        return await asyncio.to_thread(
+            self.app.list_jobs,
+            state=state,
+            due_after=due_after,
+            due_before=due_before,
+            limit=limit,
+            name=name,
+            after=after,
+        )
+
+    async def stats(self) -> Stats:
+        return await asyncio.to_thread(self.app.stats)
+
+    async def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        return await asyncio.to_thread(self.app.dead_letters, limit=limit)
+
+    async def requeue(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+    ) -> bool:
+        return await asyncio.to_thread(self.app.requeue, job_id, delay=delay, at=at)
+
+    async def purge_dead(
+        self,
+        *,
+        job_ids: Sequence[str] | None = None,
+        older_than: float | timedelta | None = None,
+    ) -> int:
+        return await asyncio.to_thread(self.app.purge_dead, job_ids=job_ids, older_than=older_than)
+
+    # -- lifecycle ----------------------------------------------------------
+    async def close(self) -> None:
+        """Close the app if this object opened it. Idempotent."""
+        if self._owns_app:
+            await asyncio.to_thread(self.app.close)
+
+    async def __aenter__(self) -> AsyncDelayQ:
+        return self
+
+    async def __aexit__(self, *exc: object) -> Literal[False]:
+        await self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"AsyncDelayQ({self.app.url!r})"

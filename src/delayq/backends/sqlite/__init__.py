@@ -1,0 +1,64 @@
+"""The SQLite backend: durable delayed jobs in one file, the embedded default.
+
+One table, ``delayq_jobs``, holds every job; a job's ``state`` column moves it
+through its life. Claiming reads the due-time index ``(state, run_at, seq)``,
+so it costs O(log n): the same with 10 jobs pending or 10 million.
+
+Concurrency
+-----------
+* **Threads.** A backend object owns ONE connection, guarded by a lock; its
+  threads take turns. Concurrent ``enqueue`` calls (a threaded web app calling
+  ``schedule``) share one transaction and one fsync: a group commit, each call
+  in its own savepoint, each returning after the commit that stored it.
+* **Processes.** Any number of processes may open the same file. Every write
+  (claims included) runs in ``BEGIN IMMEDIATE``, which takes the database's
+  write lock before reading, so two processes can never both see a job as due
+  and claim it: a job is never held by two live leases. Writers take turns
+  through kernel locks on ``<db>.lock`` (:mod:`._turns`), so a producer writing
+  flat out cannot starve a worker's claims and acks; a wait for the turn is
+  bounded by ``busy_timeout``. The database runs in WAL mode, so readers never
+  block the writer. A process stopped while it writes (SIGSTOP, a frozen VM)
+  holds SQLite's write lock and so stops every writer until it resumes; that
+  is inherent to SQLite, which is why write transactions stay short.
+* **Fork.** A process forked after the backend was opened gets a fresh
+  connection, lock file descriptor and wake socket (none may cross ``fork``).
+
+Durability: ``synchronous="full"`` (the default) or ``"normal"``
+------------------------------------------------------------------
+With ``"full"`` every commit is fsynced before ``enqueue`` (or ``ack`` ...)
+returns, so a job whose ``enqueue`` returned survives a power cut or an OS
+crash: the contract's "nothing lost" holds unconditionally, which is why it
+is the default. With ``"normal"`` (in WAL mode) a commit is safe from a crash
+of the process (SIGKILL included) and the file never corrupts, but the last
+transactions before a power loss or kernel crash may roll back. It is several
+times faster for single-job writes; batched writes (``schedule_many``) pay
+one fsync per batch either way.
+
+Waking
+------
+``wait_for_due`` sleeps until the earliest due time or lease expiry. In the
+same process an earlier job wakes it at once (a condition variable); other
+processes wake it within about a millisecond through unix datagram sockets
+next to the database (see :mod:`delayq.backends._wake`), never by polling the
+table.
+
+Layout: ``_schema`` (tables, named queries, opening a connection), ``_ops``
+(what each transaction does to rows), ``_turns`` (writers taking turns),
+``_backend`` (transactions, group commit, waking, the contract methods).
+"""
+
+from delayq.backends.sqlite._backend import SQLiteBackend
+from delayq.backends.sqlite._schema import (
+    DEFAULT_BUSY_TIMEOUT,
+    FALLBACK_POLL,
+    SCHEMA_VERSION,
+    Synchronous,
+)
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT",
+    "FALLBACK_POLL",
+    "SCHEMA_VERSION",
+    "SQLiteBackend",
+    "Synchronous",
+]

@@ -1,0 +1,705 @@
+"""The SQLite store: connection, turns, group commit, waking, the contract methods.
+
+See the package docstring (:mod:`delayq.backends.sqlite`) for the design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from delayq.backends._common import (
+    DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
+    CompletesInBatches,
+    check_dead_ttl,
+    check_lease,
+    check_limit,
+    check_list_cursor,
+    check_max_wait,
+    check_result_ttl,
+    check_run_at,
+    check_spec,
+    check_when,
+)
+from delayq.backends._wake import WakeChannel
+from delayq.backends.base import Completion
+from delayq.backends.sqlite import _ops as ops
+from delayq.backends.sqlite._schedules import SQLiteSchedules
+from delayq.backends.sqlite._schema import (
+    CHUNK,
+    DEFAULT_BUSY_TIMEOUT,
+    FALLBACK_POLL,
+    NOT_EXPIRED,
+    PURGE_EVERY,
+    SELECT,
+    Synchronous,
+    check_busy_timeout,
+    check_synchronous,
+    open_connection,
+    to_job,
+)
+from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    DelayqError,
+    QueueClosed,
+    StaleClaim,
+)
+from delayq.job import (
+    CancelOutcome,
+    Claim,
+    EnqueueOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    OnConflict,
+    RescheduleOutcome,
+    Stats,
+    check_on_conflict,
+)
+
+__all__ = ["SQLiteBackend"]
+
+log = logging.getLogger("delayq.sqlite")
+
+_URL_OPTIONS = ("synchronous", "busy_timeout", "result_ttl", "dead_ttl")
+
+
+@dataclass(eq=False, slots=True)
+class _EnqueueRequest:
+    """One ``enqueue`` call waiting for a group commit (see :meth:`SQLiteBackend.enqueue`)."""
+
+    specs: list[JobSpec]
+    on_conflict: str
+    outcomes: list[EnqueueOutcome] | None = None
+    error: BaseException | None = None
+    shared: bool = False  # error is the whole group's (not this call's own conflict)
+    done: bool = False
+
+
+def _follower_error(exc: BaseException) -> BaseException:
+    """The error a waiting call raises when the group commit it joined failed."""
+    if isinstance(exc, DelayqError):
+        return type(exc)(*exc.args)
+    return BackendError(f"enqueue failed in the group commit it joined: {exc!r}")
+
+
+class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
+    """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
+
+    ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
+    ``":memory:"`` keeps the jobs in this object only. A relative path is
+    made absolute once, here, so a process that later changes its working
+    directory (a daemon's ``chdir("/")``) keeps using the same file.
+
+    Options (keyword-only):
+
+    * ``clock``: decides "now" when a method is not given ``now=``.
+    * ``synchronous``: ``"full"`` (default: every commit survives power loss) or
+      ``"normal"`` (survives a process crash; faster single writes).
+    * ``busy_timeout``: seconds a write waits for its turn (another process
+      writing) before raising :class:`~delayq.errors.BackendUnavailable` (default 10).
+    * ``result_ttl``: seconds finished records are kept (default 7 days).
+    * ``dead_ttl``: seconds dead letters are kept (default None: until purged
+      or requeued).
+
+    Lock rules: ``_db_lock`` (reentrant) guards ``_conn``, ``_turns``, ``_pid``,
+    ``_last_purge`` and ``_closed``; no user code runs under it, and the only
+    waiting under it is for the write turn (bounded by ``busy_timeout``).
+    ``_cond`` (its own lock) guards ``_wake_gen`` and is notified when the
+    schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (its
+    own lock, never taken with ``_db_lock`` held) guards ``_pending`` and
+    ``_leading`` of the enqueue group commit.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        synchronous: Synchronous = "full",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        result_ttl: float = DEFAULT_RESULT_TTL,
+        dead_ttl: float | None = None,
+        url: str | None = None,
+    ) -> None:
+        path = os.fspath(path)
+        self._memory = path == ":memory:" or path.startswith("file::memory:")
+        # Resolved once: a later chdir (a daemonising fork) must not open another file.
+        self.path = path if self._memory or path.startswith("file:") else os.path.abspath(path)
+        self.url = url if url is not None else f"sqlite:///{self.path}"
+        self._clock = clock
+        self._synchronous = check_synchronous(synchronous)
+        self._busy_timeout = check_busy_timeout(busy_timeout)
+        self._result_ttl = check_result_ttl(result_ttl)
+        self._dead_ttl = check_dead_ttl(dead_ttl)
+        self._db_lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._wake_gen = 0
+        self._group = threading.Condition(threading.Lock())
+        self._pending: list[_EnqueueRequest] = []
+        self._leading = False
+        self._closed = False
+        self._last_purge = float("-inf")
+        self._pid = os.getpid()
+        self._wake: WakeChannel | None = None
+        self._turns: WriteTurns | None = None
+        self._conn = self._connect()
+        if not self._memory:
+            self._turns = open_turns(self.path)
+            self._wake = WakeChannel(self.path, self._woken)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
+        """Open ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite:///:memory:``.
+
+        Query parameters ``synchronous``, ``busy_timeout``, ``result_ttl`` and
+        ``dead_ttl`` set options (``sqlite:///jobs.db?synchronous=normal``);
+        keyword options win.
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite":
+            raise ConfigurationError(f"SQLiteBackend needs a sqlite:// URL, got {url!r}")
+        if parts.netloc:
+            raise ConfigurationError(
+                f"sqlite URL {url!r} has a host part {parts.netloc!r}; use three slashes for "
+                f"a relative path (sqlite:///jobs.db) or four for an absolute one "
+                f"(sqlite:////var/lib/jobs.db)"
+            )
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not path:
+            raise ConfigurationError(f"sqlite URL {url!r} names no file, e.g. sqlite:///jobs.db")
+        from_query: dict[str, Any] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key == "synchronous":
+                from_query[key] = value
+            elif key in _URL_OPTIONS:
+                try:
+                    from_query[key] = float(value)
+                except ValueError:
+                    raise ConfigurationError(
+                        f"sqlite URL option {key}={value!r} is not a number of seconds"
+                    ) from None
+            else:
+                raise ConfigurationError(
+                    f"unknown sqlite URL option {key!r}; known: {', '.join(_URL_OPTIONS)}"
+                )
+        return cls(path, url=url, **{**from_query, **options})
+
+    def __repr__(self) -> str:
+        return f"SQLiteBackend(url={self.url!r}, synchronous={self._synchronous!r})"
+
+    # -- connection and transactions ----------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            return open_connection(
+                self.path,
+                memory=self._memory,
+                busy_timeout=self._busy_timeout,
+                synchronous=self._synchronous,
+            )
+        except sqlite3.Error as exc:
+            if "unable to open" in str(exc):
+                raise BackendUnavailable(
+                    f"cannot open SQLite database {self.path!r}: {exc}"
+                ) from exc
+            raise self._wrap(exc, "opening") from exc
+
+    def _wrap(self, exc: sqlite3.Error, doing: str) -> BackendError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and (
+            "locked" in text or "busy" in text or "unable to open" in text
+        ):
+            return BackendUnavailable(
+                f"SQLite database {self.path!r} unavailable while {doing}: {text} "
+                f"(busy_timeout={self._busy_timeout}s)"
+            )
+        return BackendError(f"SQLite error while {doing} on {self.path!r}: {text}")
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection (call with ``_db_lock`` held); reopened after ``fork``."""
+        if self._closed:
+            raise QueueClosed(f"{self!r} is closed")
+        if self._pid != os.getpid():
+            # Inherited across fork: never touch the parent's connection, locks or sockets.
+            self._pid = os.getpid()
+            self._conn = self._connect()
+            if self._turns is not None:
+                self._turns.forget()
+                self._turns = open_turns(self.path)
+            if self._wake is not None:
+                self._wake = WakeChannel(self.path, self._woken)
+        return self._conn
+
+    def _write(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction in this writer's turn: committed on
+        success, rolled back on error."""
+        return self._transaction("BEGIN IMMEDIATE", doing)
+
+    def _read(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot for several statements (no turn:
+        in WAL mode readers never wait for writers)."""
+        return self._transaction("BEGIN", doing)
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str, doing: str) -> Iterator[sqlite3.Connection]:
+        with self._db_lock:
+            conn = self._connection()
+            turns = self._turns if begin != "BEGIN" else None
+            if turns is not None:
+                try:
+                    turns.acquire(self._busy_timeout)
+                except TurnTimeout as exc:
+                    raise BackendUnavailable(
+                        f"SQLite database {self.path!r} unavailable while {doing}: another "
+                        f"process kept writing (or stopped while writing) for longer than "
+                        f"busy_timeout={self._busy_timeout}s"
+                    ) from exc
+            try:
+                try:
+                    conn.execute(begin)
+                except sqlite3.Error as exc:
+                    raise self._wrap(exc, doing) from exc
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    if isinstance(exc, sqlite3.Error):
+                        raise self._wrap(exc, doing) from exc
+                    raise
+            finally:
+                if turns is not None:
+                    turns.release()
+
+    def _cutoff(self, now: float) -> float:
+        """Finished records with ``updated_at <= cutoff`` are past ``result_ttl``."""
+        return now - self._result_ttl
+
+    def _housekeeping(self, conn: sqlite3.Connection, now: float) -> None:
+        """Inside a claim: purge a bounded batch of expired records (about once a
+        second, at once again while batches come back full) and end expired leases."""
+        if not self._last_purge <= now < self._last_purge + PURGE_EVERY:
+            full = ops.purge_finished(conn, self._cutoff(now))
+            if self._dead_ttl is not None:
+                full = ops.purge_dead_batch(conn, now - self._dead_ttl) or full
+            self._last_purge = float("-inf") if full else now
+        ops.expire_leases(conn, now)
+
+    # -- waking -------------------------------------------------------------------
+    def _woken(self) -> None:
+        with self._cond:
+            self._wake_gen += 1
+            self._cond.notify_all()
+
+    def _wake_if_earlier(self, run_at: float | None, head: float | None) -> None:
+        """After a commit: wake waiters here and in other processes if the head
+        moved earlier. Never raises: the change is committed, and a caller that
+        saw an error would retry it (a duplicate); a failed wake-up is logged and
+        counted by the wake channel, and waiters fall back to a bounded wait."""
+        if run_at is None or (head is not None and run_at >= head):
+            return
+        self._woken()
+        wake = self._wake
+        if wake is None:
+            return
+        try:
+            wake.notify()
+        except Exception:
+            log.exception("delayq sqlite %s: waking other processes failed", self.path)
+
+    # -- producers ----------------------------------------------------------------
+    def enqueue(
+        self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]:
+        """Store ``jobs`` atomically (all or nothing) and report each outcome.
+
+        Group commit: calls that arrive from other threads while a commit is in
+        progress wait for it, then go together in the next transaction (one
+        ``BEGIN IMMEDIATE``, one fsync), each call in its own savepoint so a
+        rejected id fails only its own call. Every call returns after the
+        commit that stored it.
+        """
+        policy = check_on_conflict(on_conflict)
+        specs = [check_spec(spec) for spec in jobs]
+        if not specs:
+            return []
+        request = _EnqueueRequest(specs, policy)
+        with self._group:
+            self._pending.append(request)
+            while self._leading and not request.done:
+                self._group.wait()
+            if not request.done:
+                self._leading = True
+                group, self._pending = self._pending, []
+            else:
+                group = []
+        if group:
+            try:
+                self._commit_group(group)
+            finally:
+                with self._group:
+                    self._leading = False
+                    for member in group:
+                        member.done = True
+                    self._group.notify_all()
+        error = request.error
+        if error is not None:
+            if request.shared and not group:
+                # The whole group failed in the leader's thread: a fresh error here.
+                raise _follower_error(error) from error
+            raise error
+        assert request.outcomes is not None
+        return request.outcomes
+
+    def _commit_group(self, group: list[_EnqueueRequest]) -> None:
+        """Store every request of ``group`` in one transaction (see :meth:`enqueue`)."""
+        earliest: float | None = None
+        head: float | None = None
+        alone = len(group) == 1
+        try:
+            with self._write("enqueueing") as conn:
+                now = self._clock.time()
+                cutoff = self._cutoff(now)
+                head = ops.head(conn)
+                for request in group:
+                    if not alone:
+                        conn.execute("SAVEPOINT delayq_enqueue")
+                    try:
+                        outcomes, first = ops.insert_specs(
+                            conn, request.specs, request.on_conflict, now, cutoff
+                        )
+                    except DelayqError as exc:
+                        if alone:
+                            raise
+                        conn.execute("ROLLBACK TO delayq_enqueue")
+                        conn.execute("RELEASE delayq_enqueue")
+                        request.error = exc
+                        continue
+                    if not alone:
+                        conn.execute("RELEASE delayq_enqueue")
+                    request.outcomes = outcomes
+                    if first is not None:
+                        earliest = first if earliest is None else min(earliest, first)
+        except BaseException as exc:
+            for request in group:
+                request.outcomes = None
+                if request.error is None:
+                    request.error, request.shared = exc, True
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._wake_if_earlier(earliest, head)
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        with self._write("cancelling") as conn:
+            now = self._clock.time()
+            seq, verdict, attempts = ops.find_changeable(conn, job_id, now, self._cutoff(now))
+            if seq is None:
+                return CancelOutcome(verdict)
+            conn.execute(
+                "UPDATE delayq_jobs SET state = 'cancelled', outcome = 'cancelled', "
+                "updated_at = ? WHERE seq = ?",
+                (now, seq),
+            )
+            return CancelOutcome.done(attempts)
+
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        at, after = check_when(run_at, delay)
+        with self._write("rescheduling") as conn:
+            now = self._clock.time()
+            run_at = now + after if after is not None else at
+            assert run_at is not None
+            seq, verdict, attempts = ops.find_changeable(conn, job_id, now, self._cutoff(now))
+            if seq is None:
+                return RescheduleOutcome(verdict)
+            head = ops.head(conn)
+            conn.execute(
+                "UPDATE delayq_jobs SET run_at = ?, updated_at = ? WHERE seq = ?",
+                (run_at, now, seq),
+            )
+        self._wake_if_earlier(run_at, head)
+        return RescheduleOutcome.done(attempts)
+
+    # -- workers ------------------------------------------------------------------
+    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        limit = check_limit(limit)
+        lease = check_lease(lease)
+        with self._write("claiming") as conn:
+            at = self._clock.time() if now is None else check_run_at(now, "now")
+            self._housekeeping(conn, at)
+            return ops.claim_due(conn, at, limit, lease)
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        """Finish every claim of ``batch`` in one ``BEGIN IMMEDIATE`` transaction.
+
+        With ``synchronous="full"`` that is one fsync for the whole batch instead
+        of one per job: the worker's group commit relies on it.
+        """
+        results, _claims = self.complete_and_claim(batch, limit=0, lease=1.0)
+        return results
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)`` in ONE
+        transaction (one turn, one fsync); ``limit=0`` claims nothing."""
+        items = Completion.batch(batch)
+        if limit != 0:
+            limit = check_limit(limit)
+        lease = check_lease(lease)
+        if not items and not limit:
+            return [], []
+        head: float | None = None
+        with self._write("completing claims" if items else "claiming") as conn:
+            now = self._clock.time()
+            if any(item.state is JobState.SCHEDULED for item in items):  # retry or release
+                head = ops.head(conn)
+            results, earliest = ops.complete_items(conn, items, now)
+            claims: list[Claim] = []
+            if limit:
+                self._housekeeping(conn, now)
+                claims = ops.claim_due(conn, now, limit, lease)
+        self._wake_if_earlier(earliest, head)
+        return results, claims
+
+    def extend(self, claim: Claim, lease: float) -> Claim:
+        lease = check_lease(lease)
+        with self._write("extending a lease") as conn:
+            now = self._clock.time()
+            ops.finish_claim(conn, claim, "lease_until = ?, updated_at = ?", (now + lease, now))
+        job = replace(claim.job, lease_until=now + lease, updated_at=now)
+        return replace(claim, job=job, lease_until=now + lease)
+
+    def wait_for_due(self, max_wait: float) -> None:
+        """Sleep until a job is due, a lease expires, the schedule moves earlier
+        (here or in another process), :meth:`interrupt`, or ``max_wait`` seconds."""
+        max_wait = check_max_wait(max_wait)
+        clock = self._clock
+        try:
+            with self._db_lock:
+                self._connection()  # reopens (and re-creates the wake channel) after fork
+        except QueueClosed:
+            return
+        wake = self._wake
+        # Listen BEFORE reading the schedule: a change committed after the read
+        # then always reaches us as a wake-up.
+        listening = wake.listen() if wake is not None else True
+        with self._cond:
+            gen = self._wake_gen
+        deadline = clock.monotonic() + max_wait
+        seen_version: int | None = None  # fallback only: PRAGMA data_version at the start
+        while True:
+            try:
+                with self._read("waiting") as conn:
+                    times = [
+                        t for t in (ops.head(conn), ops.next_lease_expiry(conn)) if t is not None
+                    ]
+                    version = None if listening else conn.execute("PRAGMA data_version").fetchone()
+            except QueueClosed:
+                return
+            if version is not None:
+                if seen_version is not None and version[0] != seen_version:
+                    return  # another connection committed: look again
+                seen_version = version[0]
+            with self._cond:
+                if self._closed or self._wake_gen != gen:
+                    return
+                left = deadline - clock.monotonic()
+                if left <= 0:
+                    return
+                if times:
+                    until = min(times) - clock.time()
+                    if until <= 0:
+                        return
+                    left = min(left, until)
+                if not listening:
+                    left = min(left, FALLBACK_POLL)
+                clock.wait(self._cond, left)
+                if self._closed or self._wake_gen != gen:
+                    return
+
+    def interrupt(self) -> None:
+        self._woken()
+
+    # -- inspection and dead letters -------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        with self._read("reading a job") as conn:
+            row = conn.execute(
+                f"{SELECT} WHERE id = ? AND {NOT_EXPIRED}",
+                (job_id, self._cutoff(self._clock.time())),
+            ).fetchone()
+        return None if row is None else to_job(row)
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        due_after: float | None = None,
+        due_before: float | None = None,
+        limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
+
+        Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
+        ``name`` filter is checked on the rows walked (no index of its own, so a
+        rare name costs a longer walk, never a sort).
+        """
+        limit = check_limit(limit)
+        cursor = check_list_cursor(after)
+        where = [NOT_EXPIRED]
+        params: list[Any] = [self._cutoff(self._clock.time())]
+        if state is not None:
+            where.append("state = ?")
+            params.append(JobState(state).value)
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if cursor is not None:
+            # The cursor job's seq breaks run_at ties; gone, it is 0 (the page
+            # starts at run_at: it may repeat a job, never skip one).
+            where.append(
+                "(run_at, seq) > (?, COALESCE((SELECT seq FROM delayq_jobs WHERE id = ?), 0))"
+            )
+            params.extend(cursor)
+        if due_after is not None:
+            where.append("run_at >= ?")
+            params.append(check_run_at(due_after, "due_after"))
+        if due_before is not None:
+            where.append("run_at < ?")
+            params.append(check_run_at(due_before, "due_before"))
+        with self._read("listing jobs") as conn:
+            rows = conn.execute(
+                f"{SELECT} WHERE {' AND '.join(where)} ORDER BY run_at, seq LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [to_job(r) for r in rows]
+
+    def next_due(self) -> float | None:
+        with self._read("reading the next due time") as conn:
+            return ops.head(conn)
+
+    def stats(self) -> Stats:
+        now = self._clock.time()
+        with self._read("counting jobs") as conn:
+            counts = dict(
+                conn.execute(
+                    f"SELECT state, COUNT(*) FROM delayq_jobs WHERE {NOT_EXPIRED} GROUP BY state",
+                    (self._cutoff(now),),
+                ).fetchall()
+            )
+            due = conn.execute(
+                "SELECT COUNT(*) FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?",
+                (now,),
+            ).fetchone()[0]
+            head = ops.head(conn)
+        return Stats(
+            scheduled=counts.get("scheduled", 0),
+            due=due,
+            running=counts.get("running", 0),
+            succeeded=counts.get("succeeded", 0),
+            dead=counts.get("dead", 0),
+            cancelled=counts.get("cancelled", 0),
+            skipped=counts.get("skipped", 0),
+            next_due=head,
+        )
+
+    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        limit = check_limit(limit)
+        with self._read("listing dead letters") as conn:
+            rows = conn.execute(
+                f"{SELECT} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [to_job(r) for r in rows]
+
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        at, after = check_when(run_at, delay)
+        with self._write("requeueing a dead job") as conn:
+            now = self._clock.time()
+            run_at = now + after if after is not None else at
+            assert run_at is not None
+            head = ops.head(conn)
+            cur = conn.execute(
+                "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, run_at = ?, "
+                "outcome = NULL, lease_until = NULL, updated_at = ? "
+                "WHERE id = ? AND state = 'dead'",
+                (run_at, now, job_id),
+            )
+            requeued = cur.rowcount == 1
+        if requeued:
+            self._wake_if_earlier(run_at, head)
+        return requeued
+
+    def purge_dead(
+        self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
+    ) -> int:
+        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``.
+
+        In transactions of at most ``PURGE_BATCH`` rows, each in its own write
+        turn, so purging a large dead-letter set never holds off producers and
+        workers for long.
+        """
+        where = "state = 'dead'"
+        params: list[Any] = []
+        if older_than is not None:
+            where += " AND updated_at < ?"
+            params.append(check_run_at(older_than, "older_than"))
+        total = 0
+        if job_ids is None:
+            while True:
+                with self._write("purging dead letters") as conn:
+                    deleted = ops.delete_batch(conn, where, params)
+                total += deleted
+                if deleted < PURGE_BATCH:
+                    return total
+        wanted = list(dict.fromkeys(job_ids))
+        for i in range(0, len(wanted), CHUNK):
+            chunk = wanted[i : i + CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            with self._write("purging dead letters") as conn:
+                total += conn.execute(
+                    f"DELETE FROM delayq_jobs WHERE {where} AND id IN ({marks})",
+                    (*params, *chunk),
+                ).rowcount
+        return total
+
+    def close(self) -> None:
+        """Close the connection and the wake socket; wake every waiter. Idempotent."""
+        with self._db_lock:
+            if self._closed:
+                return
+            self._closed = True
+            # After fork the connection and wake socket belong to the parent: leave them.
+            ours = self._pid == os.getpid()
+            if ours:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                if self._turns is not None:
+                    self._turns.close()
+            wake = self._wake if ours else None
+        if wake is not None:
+            wake.close()
+        self._woken()

@@ -1,0 +1,328 @@
+"""What each SQLite transaction does: functions of an open connection.
+
+Each function runs inside a transaction the backend opened (``BEGIN IMMEDIATE``
+for the writing ones) and only reads and writes rows; taking turns, committing
+and waking other processes are the backend's business
+(:mod:`delayq.backends.sqlite._backend`). Keeping the row logic here lets one
+transaction combine several steps (a group of enqueues, "complete these and
+claim the next").
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from delayq.backends._common import (
+    PURGE_BATCH,
+    RELEASED_NOTE,
+    clip_error,
+    lease_expired_error,
+    lease_expired_note,
+    stale_claim,
+    undecodable_error,
+)
+from delayq.backends.base import Completion
+from delayq.backends.sqlite._schema import (
+    ACK,
+    BURY,
+    CHUNK,
+    CLAIM_DUE,
+    EXPIRED_LEASES,
+    HEAD,
+    INSERT,
+    NEXT_LEASE,
+    RELEASE,
+    RETRY,
+    TTL_STATE_VALUES,
+    to_job,
+)
+from delayq.errors import JobConflict, StaleClaim
+from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
+
+__all__ = [
+    "claim_due",
+    "complete_items",
+    "delete_batch",
+    "expire_leases",
+    "find_changeable",
+    "head",
+    "insert_specs",
+    "is_expired",
+    "next_lease_expiry",
+    "purge_dead_batch",
+    "purge_finished",
+]
+
+
+def head(conn: sqlite3.Connection) -> float | None:
+    """The earliest due time of a scheduled job."""
+    row = conn.execute(HEAD).fetchone()
+    return None if row is None else float(row[0])
+
+
+def next_lease_expiry(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute(NEXT_LEASE).fetchone()
+    return None if row is None else float(row[0])
+
+
+def is_expired(state: str, updated_at: float, cutoff: float) -> bool:
+    """A finished record past ``result_ttl`` (``updated_at <= cutoff``) counts as gone."""
+    return state in TTL_STATE_VALUES and updated_at <= cutoff
+
+
+def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
+    """Delete at most ``PURGE_BATCH`` records past ``result_ttl`` per state.
+
+    Bounded so one transaction never holds the write lock for a long purge (a
+    lowered ``result_ttl`` on a large store). Returns True when a batch was
+    full (more are left: the caller purges again soon).
+    """
+    full = False
+    for state in TTL_STATE_VALUES:
+        deleted = conn.execute(
+            "DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs "
+            "WHERE state = ? AND updated_at <= ? LIMIT ?)",
+            (state, cutoff, PURGE_BATCH),
+        ).rowcount
+        full = full or deleted >= PURGE_BATCH
+    return full
+
+
+def delete_batch(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
+    """Delete at most ``PURGE_BATCH`` rows matching ``where``; return how many."""
+    return int(
+        conn.execute(
+            f"DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs WHERE {where} "
+            f"LIMIT {PURGE_BATCH})",
+            tuple(params),
+        ).rowcount
+    )
+
+
+def purge_dead_batch(conn: sqlite3.Connection, cutoff: float) -> bool:
+    """Delete at most ``PURGE_BATCH`` dead letters buried at or before ``cutoff``
+    (``dead_ttl``); True when the batch was full."""
+    return delete_batch(conn, "state = 'dead' AND updated_at <= ?", (cutoff,)) >= PURGE_BATCH
+
+
+def _expire_lease(
+    conn: sqlite3.Connection, lease: tuple[int, int, int, float], now: float
+) -> JobState:
+    """Apply the end of one expired lease ``(seq, attempts, max_attempts,
+    lease_until)``: buried after its last attempt, else due again."""
+    seq, attempts, max_attempts, lease_until = lease
+    if attempts >= max_attempts:
+        conn.execute(
+            "UPDATE delayq_jobs SET state = 'dead', last_error = ?, lease_until = NULL, "
+            "updated_at = ? WHERE seq = ?",
+            (lease_expired_error(lease_until, attempts, max_attempts), now, seq),
+        )
+        return JobState.DEAD
+    # Due again from the moment the lease ran out: lateness (and the misfire
+    # policy) is measured from there, not from the first due time.
+    conn.execute(
+        "UPDATE delayq_jobs SET state = 'scheduled', run_at = ?, last_error = ?, "
+        "lease_until = NULL, updated_at = ? WHERE seq = ?",
+        (lease_until, lease_expired_note(lease_until, attempts), now, seq),
+    )
+    return JobState.SCHEDULED
+
+
+def expire_leases(conn: sqlite3.Connection, now: float) -> None:
+    """End every lease that ran out by ``now`` (see :func:`_expire_lease`)."""
+    for seq, attempts, max_attempts, lease_until in conn.execute(EXPIRED_LEASES, (now,)).fetchall():
+        _expire_lease(conn, (seq, attempts, max_attempts, lease_until), now)
+
+
+def insert_specs(
+    conn: sqlite3.Connection,
+    specs: Sequence[JobSpec],
+    on_conflict: str,
+    now: float,
+    cutoff: float,
+) -> tuple[list[EnqueueOutcome], float | None]:
+    """Store checked ``specs``; return each outcome and the earliest due time stored.
+
+    Raises :class:`JobConflict` (the caller rolls back) for a rejected id or a
+    running job that ``replace`` would overwrite.
+    """
+    existing: dict[str, JobState] = {}
+    stale_rows: set[str] = set()  # rows to delete before inserting (replaced, expired)
+    unique_ids = list(dict.fromkeys(s.id for s in specs))
+    for i in range(0, len(unique_ids), CHUNK):
+        chunk = unique_ids[i : i + CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        for job_id, state, updated_at in conn.execute(
+            f"SELECT id, state, updated_at FROM delayq_jobs WHERE id IN ({marks})", chunk
+        ):
+            stale_rows.add(job_id)
+            if not is_expired(state, updated_at, cutoff):
+                existing[job_id] = JobState(state)
+    outcomes: list[EnqueueOutcome] = []
+    final: dict[str, JobSpec] = {}  # id -> the spec that ends up stored
+    for spec in specs:
+        current = existing.get(spec.id)
+        if current is None:
+            outcomes.append(EnqueueOutcome.CREATED)
+        elif on_conflict == "keep":
+            outcomes.append(EnqueueOutcome.KEPT)
+            continue
+        elif on_conflict == "reject":
+            raise JobConflict(
+                f"job {spec.id!r} already exists ({current.value}); pass "
+                f"on_conflict='keep' or 'replace' to accept an existing id"
+            )
+        elif current is JobState.RUNNING:
+            raise JobConflict(
+                f"job {spec.id!r} is running and cannot be replaced; wait for it to finish"
+            )
+        else:
+            outcomes.append(EnqueueOutcome.REPLACED)
+        existing[spec.id] = JobState.SCHEDULED
+        final.pop(spec.id, None)  # re-inserted at its latest position (FIFO)
+        final[spec.id] = spec
+    if not final:
+        return outcomes, None
+    doomed = [(job_id,) for job_id in final if job_id in stale_rows]
+    if doomed:
+        conn.executemany("DELETE FROM delayq_jobs WHERE id = ?", doomed)
+    rows = [
+        (
+            s.id,
+            s.name,
+            s.payload,
+            float(s.run_at) if s.delay is None else now + max(0.0, s.delay),
+            s.max_attempts,
+            json.dumps(s.backoff, separators=(",", ":")),
+            s.misfire,
+            s.created_at or now,
+            now,
+        )
+        for s in final.values()
+    ]
+    conn.executemany(INSERT, rows)
+    return outcomes, min(row[3] for row in rows)
+
+
+def find_changeable(
+    conn: sqlite3.Connection, job_id: str, now: float, cutoff: float
+) -> tuple[int | None, str, int]:
+    """The row a cancel or reschedule may change: ``(seq, "scheduled", attempts)``,
+    or ``(None, why not, attempts)`` with why in ``running``, ``finished`` and
+    ``not_found`` (the values Cancel/RescheduleOutcome share).
+
+    A RUNNING job whose lease has expired is not running: its lease ends here
+    first (as the next claim would end it), so it is due again (changeable, the
+    attempt reported) or, after its last attempt, dead (finished).
+    """
+    row = conn.execute(
+        "SELECT seq, state, updated_at, attempts, max_attempts, lease_until "
+        "FROM delayq_jobs WHERE id = ?",
+        (job_id,),
+    ).fetchone()
+    if row is None or is_expired(row[1], row[2], cutoff):
+        return None, "not_found", 0
+    seq, state, attempts = int(row[0]), JobState(row[1]), int(row[3])
+    if state is JobState.RUNNING:
+        lease_until = row[5]
+        if lease_until is None or lease_until > now:
+            return None, "running", attempts
+        state = _expire_lease(conn, (seq, attempts, int(row[4]), float(lease_until)), now)
+    if state is not JobState.SCHEDULED:
+        return None, "finished", attempts
+    return seq, "scheduled", attempts
+
+
+def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> list[Claim]:
+    """Lease up to ``limit`` due jobs (``run_at <= at``) in due order.
+
+    A row that cannot be decoded is buried with the reason inside this
+    transaction instead of breaking the claim.
+    """
+    rows = conn.execute(CLAIM_DUE, (at, limit)).fetchall()
+    if not rows:
+        return []
+    lease_until = at + lease
+    jobs: list[tuple[int, Job]] = []
+    for row in rows:
+        try:
+            job = replace(
+                to_job(row, strict=True),
+                state=JobState.RUNNING,
+                attempts=row[6] + 1,
+                lease_until=lease_until,
+                updated_at=at,
+            )
+        except (ValueError, TypeError, RecursionError) as exc:
+            conn.execute(
+                "UPDATE delayq_jobs SET state = 'dead', last_error = ?, "
+                "lease_until = NULL, updated_at = ? WHERE seq = ?",
+                (undecodable_error(exc), at, row[0]),
+            )
+            continue
+        jobs.append((row[0], job))
+    if not jobs:
+        return []
+    last = conn.execute("SELECT value FROM delayq_meta WHERE key = 'token'").fetchone()[0]
+    conn.execute("UPDATE delayq_meta SET value = ? WHERE key = 'token'", (last + len(jobs),))
+    conn.executemany(
+        "UPDATE delayq_jobs SET state = 'running', attempts = attempts + 1, token = ?, "
+        "lease_until = ?, updated_at = ? WHERE seq = ?",
+        [(last + 1 + i, lease_until, at, seq) for i, (seq, _job) in enumerate(jobs)],
+    )
+    return [Claim(job, last + 1 + i, lease_until, at) for i, (_seq, job) in enumerate(jobs)]
+
+
+def finish_claim(
+    conn: sqlite3.Connection, claim: Claim, assignments: str, params: tuple[Any, ...]
+) -> None:
+    """Apply ``assignments`` to the claimed job, or raise StaleClaim."""
+    cur = conn.execute(
+        f"UPDATE delayq_jobs SET {assignments} WHERE id = ? AND state = 'running' AND token = ?",
+        (*params, claim.job.id, claim.token),
+    )
+    if cur.rowcount == 1:
+        return
+    row = conn.execute(
+        "SELECT state, token FROM delayq_jobs WHERE id = ?", (claim.job.id,)
+    ).fetchone()
+    raise stale_claim(
+        claim, None if row is None else JobState(row[0]), None if row is None else row[1]
+    )
+
+
+def complete_items(
+    conn: sqlite3.Connection, items: Sequence[Completion], now: float
+) -> tuple[list[StaleClaim | None], float | None]:
+    """Finish each claim of ``items``; return the stale ones (None where it
+    took effect) and the earliest due time a retry or release set."""
+    results: list[StaleClaim | None] = []
+    earliest: float | None = None
+    for item in items:
+        if item.released:
+            assignments = RELEASE
+            params: tuple[Any, ...] = (RELEASED_NOTE, RELEASED_NOTE, now)
+        elif item.state is JobState.SCHEDULED:
+            assert item.run_at is not None
+            assignments = RETRY
+            params = (item.run_at, clip_error(item.error), now)
+        elif item.state is JobState.DEAD:
+            assignments = BURY
+            params = (clip_error(item.error), now)
+        else:
+            assignments = ACK
+            params = (item.state.value, item.outcome, now)
+        try:
+            finish_claim(conn, item.claim, assignments, params)
+        except StaleClaim as exc:
+            results.append(exc)
+            continue
+        results.append(None)
+        run_at = item.claim.job.run_at if item.released else item.run_at
+        if run_at is not None:
+            earliest = run_at if earliest is None else min(earliest, run_at)
+    return results, earliest

@@ -1,0 +1,184 @@
+"""The SQLite store's schema, its named queries and how a row becomes a job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from typing import Any, Literal
+
+from delayq.backends._common import TTL_STATES, readable_json
+from delayq.codec import decode_payload
+from delayq.errors import ConfigurationError, InvalidOption
+from delayq.job import Job, JobState
+
+Synchronous = Literal["normal", "full"]
+
+DEFAULT_BUSY_TIMEOUT = 10.0
+"""Seconds a write waits for another process's write lock before failing."""
+
+SCHEMA_VERSION = 1
+
+FALLBACK_POLL = 0.05
+"""Where wake sockets are unavailable, ``wait_for_due`` re-checks
+``PRAGMA data_version`` this often (seconds)."""
+
+PURGE_EVERY = 1.0  # seconds of backend time between lazy purges of finished records
+CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS delayq_jobs (
+    seq          INTEGER PRIMARY KEY,  -- enqueue order: breaks run_at ties (FIFO)
+    id           TEXT NOT NULL UNIQUE,
+    name         TEXT NOT NULL,
+    payload      TEXT NOT NULL,        -- JSON text
+    run_at       REAL NOT NULL,        -- epoch seconds
+    state        TEXT NOT NULL,
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    backoff      TEXT NOT NULL,        -- JSON object
+    misfire      TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,        -- for final states: when the job finished
+    last_error   TEXT,
+    outcome      TEXT,
+    lease_until  REAL,
+    token        INTEGER NOT NULL DEFAULT 0
+);
+-- claim, next_due, list by state and due window: O(log n)
+CREATE INDEX IF NOT EXISTS delayq_jobs_due ON delayq_jobs (state, run_at, seq);
+-- expired leases on every claim
+CREATE INDEX IF NOT EXISTS delayq_jobs_lease ON delayq_jobs (state, lease_until);
+-- result_ttl purge, dead letters newest first, purge_dead(older_than=)
+CREATE INDEX IF NOT EXISTS delayq_jobs_finished ON delayq_jobs (state, updated_at);
+-- list_jobs without a state filter: walks the due order instead of sorting the table
+CREATE INDEX IF NOT EXISTS delayq_jobs_run_at ON delayq_jobs (run_at, seq);
+CREATE TABLE IF NOT EXISTS delayq_meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('token', 0);
+"""
+
+COLUMNS = (
+    "seq, id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
+    "created_at, updated_at, last_error, outcome, lease_until, token"
+)
+SELECT = f"SELECT {COLUMNS} FROM delayq_jobs"
+INSERT = (
+    "INSERT INTO delayq_jobs (id, name, payload, run_at, state, max_attempts, backoff, "
+    "misfire, created_at, updated_at) VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)"
+)
+# The hot queries, named so tests can EXPLAIN them (they must search an index, never scan).
+CLAIM_DUE = f"{SELECT} WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at, seq LIMIT ?"
+HEAD = "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1"
+EXPIRED_LEASES = (
+    "SELECT seq, attempts, max_attempts, lease_until FROM delayq_jobs "
+    "WHERE state = 'running' AND lease_until <= ?"
+)
+NEXT_LEASE = (
+    "SELECT lease_until FROM delayq_jobs WHERE state = 'running' ORDER BY lease_until LIMIT 1"
+)
+# How complete() finishes a claim: SET clauses of ack, retry and bury.
+ACK = "state = ?, outcome = ?, lease_until = NULL, updated_at = ?"
+RETRY = "state = 'scheduled', run_at = ?, last_error = ?, lease_until = NULL, updated_at = ?"
+# A release keeps an earlier attempt's error; the note only fills an empty last_error.
+RELEASE = (
+    "state = 'scheduled', attempts = MAX(attempts - 1, 0), "
+    "last_error = CASE WHEN last_error IS NULL OR last_error = ? THEN ? ELSE last_error END, "
+    "lease_until = NULL, updated_at = ?"
+)
+BURY = "state = 'dead', last_error = ?, lease_until = NULL, updated_at = ?"
+TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
+NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
+
+Row = tuple[Any, ...]
+
+
+def to_job(row: Row, *, strict: bool = False) -> Job:
+    """The job of a row. ``strict`` (claim) raises on a payload or backoff that does
+    not decode; otherwise (inspection) such a field is returned as its raw text."""
+    return Job(
+        id=row[1],
+        name=row[2],
+        payload=decode_payload(row[3]) if strict else readable_json(row[3]),
+        run_at=row[4],
+        state=JobState(row[5]),
+        attempts=row[6],
+        max_attempts=row[7],
+        backoff=json.loads(row[8]) if strict else readable_json(row[8]),
+        misfire=row[9],
+        created_at=row[10],
+        updated_at=row[11],
+        last_error=row[12],
+        outcome=row[13],
+        lease_until=row[14],
+    )
+
+
+def check_synchronous(value: object) -> Synchronous:
+    if isinstance(value, str) and value.lower() in ("normal", "full"):
+        return "normal" if value.lower() == "normal" else "full"
+    raise InvalidOption(f"synchronous must be 'normal' or 'full', got {value!r}")
+
+
+def check_busy_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise InvalidOption(f"busy_timeout must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+WAL_SIZE_LIMIT = 4 * 1024 * 1024
+"""``journal_size_limit``: after a checkpoint resets the WAL, SQLite truncates
+the file back to this size (bytes), so it does not stay as big as the largest
+burst it ever held (the default checkpoint runs at 1000 pages, ~4 MiB)."""
+
+
+def open_connection(
+    path: str, *, memory: bool, busy_timeout: float, synchronous: Synchronous
+) -> sqlite3.Connection:
+    """Open ``path`` in WAL mode and create (or check) the schema.
+
+    Raises :class:`sqlite3.Error` for the backend to wrap, and
+    :class:`~delayq.errors.ConfigurationError` for a file delayq cannot use.
+    """
+    conn = sqlite3.connect(
+        path,
+        timeout=busy_timeout,
+        isolation_level=None,  # the backend issues BEGIN IMMEDIATE / COMMIT itself
+        check_same_thread=False,  # guarded by the backend's lock
+        uri=path.startswith("file:"),
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        if not memory:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ConfigurationError(
+                    f"SQLite database {path!r} cannot use WAL mode (got {mode!r}); "
+                    f"it needs a local file system"
+                )
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('schema_version', ?)",
+            (SCHEMA_VERSION,),
+        )
+        version = conn.execute(
+            "SELECT value FROM delayq_meta WHERE key = 'schema_version'"
+        ).fetchone()[0]
+        conn.execute("COMMIT")
+        if version != SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"SQLite database {path!r} has delayq schema version {version}; "
+                f"this delayq reads version {SCHEMA_VERSION}"
+            )
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+        raise
+    return conn

@@ -1,0 +1,394 @@
+"""What the pages and the JSON API show, as plain data: no Starlette here.
+
+Both front ends of the dashboard (HTML pages and ``/api``) call these, so a
+page and its API twin always agree: the same filters, the same outcome words
+as the CLI (``cancelled``, ``running``, ``not_found``, ``requeued``, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from delayq.app import DelayQ
+from delayq.backoff import parse_duration
+from delayq.errors import InvalidOption
+from delayq.job import Job, JobState
+from delayq.logs import JOB_FIELD
+from delayq.metrics import SeriesPoint
+
+__all__ = [
+    "PAGE_SIZE",
+    "JobFilters",
+    "iso",
+    "job_dict",
+    "lateness_svg",
+    "list_page",
+    "overview",
+    "parse_when",
+    "relative",
+]
+
+PAGE_SIZE = 50
+
+log = logging.getLogger("delayq.web")
+
+
+def _logged(action: str, job_id: str, outcome: str) -> str:
+    """Log an action's outcome (a JSON line with ``--log-format json``); returns it."""
+    log.info(
+        "%s %s: %s",
+        action,
+        job_id,
+        outcome,
+        extra={JOB_FIELD: {"job_id": job_id, "action": action, "outcome": outcome}},
+    )
+    return outcome
+
+
+def iso(epoch: float | None) -> str | None:
+    """``epoch`` as ISO 8601 UTC to the millisecond, or None."""
+    if epoch is None or not math.isfinite(epoch):
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def relative(epoch: float | None, now: float) -> str:
+    """``in 5m`` / ``12s ago`` / ``-`` (for tables)."""
+    if epoch is None:
+        return "-"
+    delta = epoch - now
+    text = _span(abs(delta))
+    return f"in {text}" if delta > 0 else f"{text} ago"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def seconds_text(seconds: float | None) -> str:
+    """A duration for people: ``3ms``, ``2.5s``, ``1.2h``; ``-`` for none."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    if math.isinf(seconds):
+        return "> 1d"
+    return _span(seconds)
+
+
+def parse_when(text: str | None, field: str) -> float | None:
+    """A due-window bound from a form or query: epoch seconds or ISO 8601 (UTC
+    when no offset is given, as a browser's datetime-local sends it)."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidOption(
+                f"{field} must be epoch seconds or an ISO 8601 time, got {text!r}"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    if not math.isfinite(value):
+        raise InvalidOption(f"{field} must be a finite number of epoch seconds, got {text!r}")
+    return value
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    """A job as JSON data (times as epoch seconds and ISO 8601 UTC)."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "payload": job.payload,
+        "run_at": job.run_at,
+        "run_at_iso": iso(job.run_at),
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "backoff": job.backoff,
+        "misfire": job.misfire,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "lease_until": job.lease_until,
+        "last_error": job.last_error,
+        "outcome": job.outcome,
+    }
+
+
+def pretty_payload(payload: Any) -> str:
+    return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilters:
+    """The jobs page's filters and its keyset cursor, parsed from a query."""
+
+    state: JobState | None = None
+    name: str | None = None
+    due_after: float | None = None
+    due_before: float | None = None
+    after: tuple[float, str] | None = None
+    limit: int = PAGE_SIZE
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> JobFilters:
+        state = query.get("state") or None
+        if state is not None:
+            try:
+                state_value: JobState | None = JobState(state)
+            except ValueError:
+                known = ", ".join(s.value for s in JobState)
+                raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
+        else:
+            state_value = None
+        after = None
+        if query.get("after_id"):
+            run_at = parse_when(query.get("after_run_at"), "after_run_at")
+            if run_at is None:
+                raise InvalidOption("after_id needs after_run_at (the cursor is both)")
+            after = (run_at, query["after_id"])
+        try:
+            limit = int(query.get("limit") or PAGE_SIZE)
+        except ValueError:
+            raise InvalidOption(f"limit must be an int, got {query.get('limit')!r}") from None
+        if not 1 <= limit <= 500:
+            raise InvalidOption(f"limit must be between 1 and 500, got {limit}")
+        return cls(
+            state=state_value,
+            name=(query.get("name") or "").strip() or None,
+            due_after=parse_when(query.get("due_after"), "due_after"),
+            due_before=parse_when(query.get("due_before"), "due_before"),
+            after=after,
+            limit=limit,
+        )
+
+    def query(self, *, after: tuple[float, str] | None = None) -> dict[str, str]:
+        """These filters as query parameters (for links), with another cursor."""
+        out: dict[str, str] = {}
+        if self.state is not None:
+            out["state"] = self.state.value
+        if self.name is not None:
+            out["name"] = self.name
+        if self.due_after is not None:
+            out["due_after"] = repr(self.due_after)
+        if self.due_before is not None:
+            out["due_before"] = repr(self.due_before)
+        if self.limit != PAGE_SIZE:
+            out["limit"] = str(self.limit)
+        if after is not None:
+            out["after_run_at"] = repr(after[0])
+            out["after_id"] = after[1]
+        return out
+
+
+SCAN_LIMIT = 2000
+"""For a store whose ``list_jobs`` has no ``name`` / ``after``: the most jobs one
+page reads to filter here (the page then ends early and the cursor continues
+after what was read)."""
+
+
+def _store_pages(app: DelayQ) -> bool:
+    params = inspect.signature(app.backend.list_jobs).parameters
+    return "name" in params and "after" in params
+
+
+def list_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float, str] | None]:
+    """One page of jobs and the cursor of the next page (None on the last).
+
+    Asks the store for one job more than a page to learn whether a next page
+    exists: a keyset walk on the store's due-order index, never a count. A
+    store without the name filter and cursor gets bounded reads filtered here.
+    """
+    if not _store_pages(app):
+        return _filtered_page(app, filters)
+    jobs = app.list_jobs(
+        state=filters.state,
+        name=filters.name,
+        due_after=filters.due_after,
+        due_before=filters.due_before,
+        after=filters.after,
+        limit=filters.limit + 1,
+    )
+    if len(jobs) <= filters.limit:
+        return jobs, None
+    page = jobs[: filters.limit]
+    return page, (page[-1].run_at, page[-1].id)
+
+
+def _filtered_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float, str] | None]:
+    """:func:`list_page` over at most :data:`SCAN_LIMIT` jobs read from the cursor on."""
+    start = filters.due_after
+    if filters.after is not None:
+        start = filters.after[0] if start is None else max(start, filters.after[0])
+    cursor_id = None if filters.after is None else filters.after[1]
+    want = SCAN_LIMIT
+    while True:
+        rows = app.list_jobs(
+            state=filters.state, due_after=start, due_before=filters.due_before, limit=want
+        )
+        # Rows start at the cursor's due time: skip those up to the cursor job
+        # itself (ties come in enqueue order); a cursor job that is gone skips nothing.
+        ids = [j.id for j in rows]
+        unread = rows[ids.index(cursor_id) + 1 :] if cursor_id in ids else rows
+        if unread or len(rows) < want:
+            break
+        want *= 2  # every row read was a tie before the cursor: read further
+    page: list[Job] = []
+    for job in unread:
+        if filters.name is not None and job.name != filters.name:
+            continue
+        if len(page) == filters.limit:
+            return page, (page[-1].run_at, page[-1].id)
+        page.append(job)
+    if len(rows) == want:  # read all it may: continue after what was read
+        return page, (rows[-1].run_at, rows[-1].id)
+    return page, None
+
+
+def overview(
+    app: DelayQ, points: Sequence[SeriesPoint], slot_seconds: float, now: float
+) -> dict[str, Any]:
+    """Counts by state, next due, oldest overdue, lateness over time and throughput."""
+    stats = app.stats()
+    head = app.list_jobs(state=JobState.SCHEDULED, limit=1)
+    oldest = head[0] if head and head[0].run_at <= now else None
+    recent = [p for p in points if p.start >= now - 600]
+    return {
+        "url": app.url,
+        "now": now,
+        "counts": {s.value: getattr(stats, s.value) for s in JobState},
+        "due_now": stats.due,
+        "next_due": stats.next_due,
+        "next_due_iso": iso(stats.next_due),
+        "oldest_overdue": None
+        if oldest is None
+        else {
+            "id": oldest.id,
+            "name": oldest.name,
+            "run_at": oldest.run_at,
+            "age": now - oldest.run_at,
+        },
+        "lateness": [
+            {
+                "start": p.start,
+                "count": p.count,
+                "p50": _finite_or_none(p.p50),
+                "p99": _finite_or_none(p.p99),
+            }
+            for p in points
+        ],
+        # attempts finished per minute over the last 10 minutes (or since the first slot)
+        "throughput_per_minute": (
+            sum(p.count for p in recent) * 60.0 / max(slot_seconds, now - recent[0].start)
+            if recent
+            else None
+        ),
+        "slot_seconds": slot_seconds,
+    }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def lateness_svg(points: Sequence[SeriesPoint], *, width: int = 720, height: int = 200) -> str:
+    """A small SVG chart of p50 and p99 lateness over time (log scale, 1 ms to 1 d).
+
+    Server-rendered text: numbers and fixed labels only, nothing from a job, so
+    it is safe to mark as HTML. Empty string when there are no points.
+    """
+    if not points:
+        return ""
+    lo, hi = math.log10(0.001), math.log10(86400.0)
+    left, right, top, bottom = 48, width - 8, 8, height - 22
+    t0, t1 = points[0].start, max(points[-1].start, points[0].start + 1)
+
+    def x(t: float) -> float:
+        return left + (t - t0) / (t1 - t0) * (right - left)
+
+    def y(v: float) -> float:
+        v = min(max(v, 0.001), 86400.0)
+        return bottom - (math.log10(v) - lo) / (hi - lo) * (bottom - top)
+
+    def line(values: list[tuple[float, float]], color: str) -> str:
+        coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in values)
+        return f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
+
+    grid = []
+    for v, label in ((0.001, "1ms"), (0.1, "100ms"), (1, "1s"), (60, "1m"), (3600, "1h")):
+        grid.append(
+            f'<line x1="{left}" x2="{right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>'
+            f'<text x="4" y="{y(v) + 4:.1f}" font-size="11">{label}</text>'
+        )
+    p50 = [(p.start, p.p50 if math.isfinite(p.p50) else 86400.0) for p in points]
+    p99 = [(p.start, p.p99 if math.isfinite(p.p99) else 86400.0) for p in points]
+    span = _span(t1 - t0)
+    return (
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="lateness p50 and p99 over time">'
+        + "".join(grid)
+        + line(p99, "#c0392b")
+        + line(p50, "#2471a3")
+        + f'<text x="{left}" y="{height - 4}" font-size="11">{span} ago</text>'
+        + f'<text x="{right - 30}" y="{height - 4}" font-size="11">now</text>'
+        + "</svg>"
+    )
+
+
+# -- actions: the CLI's outcome words ------------------------------------------------
+def _when_args(delay: object, at: object) -> dict[str, float]:
+    """``delay`` (seconds or '5m') / ``at`` (epoch or ISO 8601) as reschedule arguments."""
+    has_delay = delay is not None and str(delay).strip() != ""
+    has_at = at is not None and str(at).strip() != ""
+    if has_delay == has_at:
+        raise InvalidOption("give exactly one of delay (e.g. 30s, 5m) or at (ISO 8601 or epoch)")
+    if has_delay:
+        if isinstance(delay, int | float) and not isinstance(delay, bool):
+            return {"delay": float(delay)}
+        return {"delay": parse_duration(str(delay).strip())}
+    when = at if isinstance(at, int | float) and not isinstance(at, bool) else None
+    return {"at": when if when is not None else parse_when(str(at), "at") or 0.0}
+
+
+def cancel(app: DelayQ, job_id: str) -> str:
+    """``cancelled``, ``cancelled_after_attempt``, ``running``, ``finished`` or ``not_found``."""
+    return _logged("cancel", job_id, app.cancel(job_id).value)
+
+
+def reschedule(app: DelayQ, job_id: str, *, delay: object = None, at: object = None) -> str:
+    """``rescheduled`` (or ``_after_attempt``), ``running``, ``finished`` or ``not_found``."""
+    return _logged("reschedule", job_id, app.reschedule(job_id, **_when_args(delay, at)).value)
+
+
+def requeue(app: DelayQ, job_id: str) -> str:
+    """``requeued`` (due now, fresh attempts) or ``not_dead``, as ``delayq dead requeue``."""
+    return _logged("requeue", job_id, "requeued" if app.requeue(job_id) else "not_dead")
+
+
+def purge(
+    app: DelayQ, *, job_ids: Sequence[str] | None, older_than: object, everything: bool
+) -> int:
+    """Delete dead letters: those listed, those dead longer than ``older_than``, or all."""
+    age = None
+    if older_than is not None and str(older_than).strip():
+        age = parse_duration(str(older_than).strip())
+    if not (job_ids or age is not None or everything):
+        raise InvalidOption("say which dead jobs to purge: ids, older_than (e.g. 7d) or all")
+    count = app.purge_dead(job_ids=list(job_ids) if job_ids else None, older_than=age)
+    log.info("purged %d dead job(s)", count)
+    return count

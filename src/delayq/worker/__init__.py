@@ -1,0 +1,47 @@
+"""The worker: claims due jobs from a backend and runs their handlers.
+
+:class:`Worker` is the one public class; it is made of named parts, one
+module each:
+
+* ``_inflight``: the in-flight table, every claim the worker holds (ready,
+  running, or waiting for its result to be recorded) and the one lock and
+  conditions its parts share;
+* ``_dispatcher``: claims due jobs for free slots, plus a small prefetch while
+  a backlog exists; between claims it blocks in ``backend.wait_for_due`` (no
+  polling) and keeps the worker's deadlines (lease renewals, timeouts);
+* ``_leases``: the lease keeper, renewing every held claim every ``lease / 3``;
+* ``_runner``: handler threads and the event loop for async handlers, the
+  lease check before a handler starts, handler timeouts;
+* ``_commit``: the group committer, recording finished attempts in batches (one
+  store call each), claiming the next jobs in the same call under a backlog;
+* ``_decide``: the pure rules: succeeded, retried (the job's backoff),
+  dead-lettered, skipped (misfire), returned;
+* ``_stats``: counters and fixed-size histograms behind :meth:`Worker.stats`.
+
+What happens to a claimed job:
+
+* no handler registered under its name: retried by its backoff for
+  ``unknown_handler_grace`` (a rolling deploy), then dead-lettered with that reason;
+* overdue beyond its misfire policy: finished as SKIPPED with an outcome note;
+* its lease ran out before it could start (a paused process): handed back;
+* the handler returns: SUCCEEDED;
+* the handler raises or runs past its timeout: retried at ``now +
+  backoff.delay(attempt)`` (the job's stored backoff) until ``max_attempts``,
+  then dead-lettered with the error and traceback.
+
+Stopping (``stop()``, SIGINT or SIGTERM under :meth:`Worker.run`): stop
+claiming, hand back at once the claims whose handler has not started
+(``release``: SCHEDULED again at their due time, attempt given back), let
+in-flight handlers finish within ``grace`` seconds while still renewing their
+leases, then return. Handlers still running after the grace period are
+abandoned: their leases run out and the jobs run again elsewhere
+(at-least-once). A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+from delayq.worker._decide import JobResult, Outcome
+from delayq.worker._stats import WorkerStats, percentile
+from delayq.worker._worker import Worker
+
+__all__ = ["JobResult", "Outcome", "Worker", "WorkerStats", "percentile"]

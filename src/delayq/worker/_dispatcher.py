@@ -1,0 +1,209 @@
+"""The dispatcher: claims due jobs, a little ahead of free slots when a backlog exists.
+
+One thread. It never polls: between claims it blocks in
+``backend.wait_for_due``, which returns at the next due time or as soon as an
+earlier job arrives, and it claims only what the worker has room for: free
+handler slots, plus a small prefetch (``prefetch``) while the last claim was
+full (a backlog). Prefetched claims are held under the same lease, kept
+renewed, and handed back (``release``) at once when the worker stops.
+
+While a backlog exists the group committer claims together with each commit
+(one round trip), so the dispatcher only claims when no commit is under way;
+when a freed slot is alone it waits up to ``COALESCE`` (2 ms) for a few more
+to free, so one claim serves several jobs.
+
+Between claims it is also the worker's clock: it renews leases, fails
+handlers past their timeout and retries failed commits, waking for whichever
+comes first. After a stop it hands back the ready claims and drains: it keeps
+renewing the leases of running handlers until they finish or the grace period
+ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from delayq.backends import Backend
+from delayq.clock import Clock
+from delayq.errors import QueueClosed
+from delayq.worker._commit import GroupCommitter
+from delayq.worker._decide import RETURNED
+from delayq.worker._inflight import InFlightTable
+from delayq.worker._leases import LeaseKeeper
+from delayq.worker._runner import Runner
+
+__all__ = ["COALESCE", "Dispatcher"]
+
+log = logging.getLogger("delayq.worker")
+
+COALESCE = 0.002
+"""While more jobs are due than the worker has room for, the dispatcher waits up
+to this long (seconds) for ``gather`` slots to free before claiming, so one claim
+serves several jobs. Only under backlog: a job is then late anyway, by
+queueing; an idle worker claims at once."""
+
+
+class Dispatcher:
+    """The dispatcher thread's loop (see the module docstring). State lives in the table."""
+
+    def __init__(
+        self,
+        table: InFlightTable,
+        backend: Backend,
+        clock: Clock,
+        *,
+        keeper: LeaseKeeper,
+        runner: Runner,
+        committer: GroupCommitter,
+        lease: float,
+        batch: int,
+        gather: int,
+        idle_wait: float,
+    ) -> None:
+        self._table = table
+        self._backend = backend
+        self._clock = clock
+        self._keeper = keeper
+        self._runner = runner
+        self._committer = committer
+        self._lease = lease
+        self._batch = batch
+        self._gather = gather
+        self._idle_wait = idle_wait
+
+    def housekeeping(self) -> None:
+        """Renew due leases, fail handlers past their timeout, retry failed commits."""
+        self._keeper.renew_due()
+        self._runner.expire_timeouts()
+        self._committer.retry_due(self._clock.monotonic())
+
+    def dispatch(self) -> None:
+        """Claim and wait until a stop is requested or the store is closed."""
+        table = self._table
+        clock = self._clock
+        error_pause = 0.0
+        while True:
+            self.housekeeping()
+            with table.lock:
+                if table.stopping:
+                    return
+                room = table.room_locked()
+                busy = table.claiming or (
+                    table.backlog and self._committer.combines and self._committer.flushing_locked()
+                )
+                if room <= 0 or busy:
+                    # Full, or a commit will claim for us: wait for a change.
+                    clock.wait(table.changed, self._budget_locked(self._idle_wait))
+                    continue
+                if table.backlog and room < self._gather:
+                    # Saturated: let a few more slots free (at most COALESCE seconds)
+                    # so one claim serves several jobs instead of one.
+                    deadline = clock.monotonic() + COALESCE
+                    while (
+                        room < self._gather
+                        and not table.stopping
+                        and (left := deadline - clock.monotonic()) > 0
+                    ):
+                        clock.wait(table.changed, left)
+                        room = table.room_locked()
+                    if table.stopping or table.claiming or room <= 0:
+                        continue
+                limit = min(room, self._batch)
+                table.claiming = True
+            sent = clock.monotonic()
+            try:
+                claims = self._backend.claim(limit=limit, lease=self._lease)
+            except QueueClosed:
+                with table.lock:
+                    table.claim_failed_locked()
+                self._store_closed()
+                return
+            except Exception:
+                with table.lock:
+                    table.claim_failed_locked()
+                error_pause = min(5.0, max(0.1, error_pause * 2))
+                log.exception("claim failed; trying again in %.1fs", error_pause)
+                self._pause(error_pause)  # renewals go on
+                continue
+            full = len(claims) >= limit
+            with table.lock:
+                table.add_claims_locked(claims, sent, self._lease, full=full)
+            if not full:
+                try:
+                    self._backend.wait_for_due(self._budget(self._idle_wait))
+                except QueueClosed:
+                    self._store_closed()
+                    return
+                except Exception:
+                    # e.g. BackendUnavailable (SQLite busy timeout): like a failed
+                    # claim, it must not end the worker; back off and claim again.
+                    error_pause = min(5.0, max(0.1, error_pause * 2))
+                    log.exception("waiting for due jobs failed; trying again in %.1fs", error_pause)
+                    self._pause(error_pause)  # renewals go on
+                    continue
+            error_pause = 0.0
+
+    def return_ready(self) -> None:
+        """Hand back every claim whose handler has not started (a stop): at once,
+        in one commit, each SCHEDULED again with its attempt given back."""
+        table = self._table
+        with table.lock:
+            ready = list(table.ready)
+            table.ready.clear()
+        if ready:
+            log.info("handing back %d claimed job(s) that had not started", len(ready))
+            self._committer.finish_all(ready, RETURNED)
+
+    def drain(self) -> None:
+        """After a stop: keep renewing leases (and retrying commits) until every
+        held claim is recorded or the grace period ends."""
+        table = self._table
+        clock = self._clock
+        while True:
+            self.housekeeping()
+            with table.lock:
+                if not table.records:
+                    return
+                assert table.stop_mono is not None
+                left = table.stop_mono + table.grace - clock.monotonic()
+                if left <= 0:
+                    for rec in table.records.values():
+                        rec.abandoned = True
+                    log.warning(
+                        "grace period over: abandoning %d job(s) %s; they run again "
+                        "after their leases expire",
+                        len(table.records),
+                        sorted(r.claim.job.id for r in table.records.values())[:10],
+                    )
+                    return
+                clock.wait(table.changed, min(left, self._budget_locked(left)))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _budget_locked(self, cap: float) -> float:
+        """Seconds the dispatcher may sleep: ``cap``, or less if something falls due."""
+        deadline = self._table.next_deadline_locked()
+        retry = self._committer.next_retry_locked()
+        if retry is not None:
+            deadline = min(deadline, retry)
+        if deadline == math.inf:
+            return cap
+        return max(0.0, min(cap, deadline - self._clock.monotonic()))
+
+    def _budget(self, cap: float) -> float:
+        with self._table.lock:
+            return self._budget_locked(cap)
+
+    def _pause(self, seconds: float) -> None:
+        table = self._table
+        with table.lock:
+            if not table.stopping:
+                self._clock.wait(table.changed, self._budget_locked(seconds))
+
+    def _store_closed(self) -> None:
+        log.warning("the store %s was closed; the worker stops", self._backend.url)
+        table = self._table
+        with table.lock:
+            table.stopping = True
+            table.stop_mono = self._clock.monotonic()
+            table.changed.notify_all()

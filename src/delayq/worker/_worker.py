@@ -1,0 +1,281 @@
+"""The public :class:`Worker`: options, lifecycle and signals; its parts do the work."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from delayq._validate import check_option_seconds
+from delayq.app import DelayQ
+from delayq.backends import Backend
+from delayq.clock import Clock
+from delayq.errors import InvalidOption, QueueClosed
+from delayq.worker._commit import GroupCommitter
+from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
+from delayq.worker._dispatcher import Dispatcher
+from delayq.worker._inflight import InFlightTable
+from delayq.worker._leases import LeaseKeeper
+from delayq.worker._runner import Runner
+from delayq.worker._stats import WorkerStats
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("delayq.worker")
+
+
+def _positive_int(value: object, name: str, *, allow_zero: bool = False) -> int:
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidOption(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+class Worker:
+    """Run the handlers of ``app`` for due jobs.
+
+    ``concurrency`` handlers run at once. ``prefetch`` more jobs may be claimed
+    ahead of free slots while a backlog exists (default ``concurrency // 2``;
+    0 claims only for free slots); each claim asks for at most ``batch`` jobs
+    (default ``concurrency + prefetch``). ``lease`` is how long a claim is held
+    without renewal (renewed every ``lease / 3``); ``grace`` how long
+    :meth:`stop` lets in-flight handlers finish. ``timeout`` (seconds, None for
+    none) bounds one attempt of handlers registered without their own
+    ``timeout``. A job naming a handler this worker does not know is retried
+    by its backoff for ``unknown_handler_grace`` seconds (a rolling deploy)
+    before it is dead-lettered. ``on_result`` is called (on a handler thread,
+    never under a lock) with a :class:`JobResult` after each attempt is
+    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
+    backend wakes the worker when a job arrives).
+
+    Its parts: an in-flight table (every held claim, one lock), the dispatcher
+    (claims and prefetch; the worker's clock), the lease keeper, the runner
+    (handler threads, the event loop, timeouts), the group committer, and the
+    pure ``decide()``.
+    """
+
+    def __init__(
+        self,
+        app: DelayQ,
+        *,
+        concurrency: int = 8,
+        prefetch: int | None = None,
+        lease: float = 30.0,
+        batch: int | None = None,
+        grace: float = 30.0,
+        timeout: float | None = None,
+        unknown_handler_grace: float = DEFAULT_UNKNOWN_HANDLER_GRACE,
+        clock: Clock | None = None,
+        idle_wait: float = 10.0,
+        on_result: Callable[[JobResult], None] | None = None,
+        name: str = "delayq-worker",
+    ) -> None:
+        self.app = app
+        self._backend: Backend = app.backend
+        self.clock: Clock = app.clock if clock is None else clock
+        self.concurrency = _positive_int(concurrency, "concurrency")
+        self.prefetch = (
+            self.concurrency // 2
+            if prefetch is None
+            else _positive_int(prefetch, "prefetch", allow_zero=True)
+        )
+        self.batch = (
+            self.concurrency + self.prefetch if batch is None else _positive_int(batch, "batch")
+        )
+        self.lease = check_option_seconds(lease, "lease")
+        self.grace = check_option_seconds(grace, "grace", allow_zero=True)
+        self.timeout = None if timeout is None else check_option_seconds(timeout, "timeout")
+        self.unknown_handler_grace = check_option_seconds(
+            unknown_handler_grace, "unknown_handler_grace", allow_zero=True
+        )
+        self.idle_wait = check_option_seconds(idle_wait, "idle_wait")
+        self.name = name
+        gather = max(1, min(self.batch, self.concurrency) // 2)
+        self._table = InFlightTable(
+            concurrency=self.concurrency, prefetch=self.prefetch, grace=self.grace
+        )
+        self._committer = GroupCommitter(
+            self._table,
+            self._backend,
+            self.clock,
+            lease=self.lease,
+            batch=self.batch,
+            gather=gather,
+            on_result=on_result,
+        )
+        self._runner = Runner(
+            self._table,
+            app,
+            self._committer,
+            self.clock,
+            name=name,
+            timeout=self.timeout,
+            unknown_handler_grace=self.unknown_handler_grace,
+        )
+        self._dispatcher = Dispatcher(
+            self._table,
+            self._backend,
+            self.clock,
+            keeper=LeaseKeeper(self._table, self._backend, self.clock, lease=self.lease),
+            runner=self._runner,
+            committer=self._committer,
+            lease=self.lease,
+            batch=self.batch,
+            gather=gather,
+            idle_wait=self.idle_wait,
+        )
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._draining = threading.Event()  # set once the dispatcher stopped claiming
+        self._crash: BaseException | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> Worker:
+        """Start claiming in a background thread; returns self."""
+        with self._table.lock:
+            if self._thread is not None:
+                raise QueueClosed("this worker was already started; create a new Worker")
+            # One thread more than handlers: the thread committing a batch of
+            # results never holds up a claimed job.
+            self._runner.start(self.concurrency + 1)
+            self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Run until stopped (``stop()`` from another thread, SIGINT or SIGTERM).
+
+        In the main thread, SIGINT and SIGTERM request a graceful stop; a
+        second signal stops without waiting for in-flight handlers.
+
+        In the main thread it also treats the process as a worker process and
+        freezes the garbage collector's view of the heap built so far (modules,
+        the app, the store's client) with ``gc.freeze()`` until it returns. A
+        full collection walks every tracked object while holding the GIL, so
+        it stalls the dispatcher and every handler at once: with the Redis
+        client loaded that is 15-20 ms once every few seconds under load, and
+        every job due meanwhile runs that late. Frozen objects are never
+        scanned; garbage created later is still collected as usual, and what
+        was garbage at the start is collected first. Only when nothing froze
+        the heap before (``gc.get_freeze_count() == 0``); :meth:`start` (a
+        worker embedded in a larger process) leaves the collector alone.
+        """
+        previous: dict[signal.Signals, Any] = {}
+        froze = False
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+            if gc.get_freeze_count() == 0:
+                gc.collect()
+                gc.freeze()
+                froze = True
+        try:
+            self.start()
+            # Event.wait is interruptible by signals, so the handlers above run promptly.
+            self._done.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if froze:
+                gc.unfreeze()
+        if self._crash is not None:
+            raise self._crash
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between bytecodes: only hand off to a thread,
+        # never take a lock here (the main thread might hold it).
+        with_grace = not self._table.stopping
+        name = signal.Signals(signum).name
+        threading.Thread(
+            target=self._signal_stop, args=(name, with_grace), name="delayq-stop", daemon=True
+        ).start()
+
+    def _signal_stop(self, name: str, with_grace: bool) -> None:
+        if with_grace:
+            log.info("%s: stopping; in-flight jobs get %.1fs to finish", name, self.grace)
+            self.stop(wait=False)
+        else:
+            log.warning("%s again: stopping now, abandoning in-flight jobs", name)
+            self.stop(grace=0.0, wait=False)
+
+    def stop(self, grace: float | None = None, *, wait: bool = True) -> None:
+        """Stop claiming, hand back claims whose handler has not started, and let
+        in-flight handlers finish within ``grace`` seconds.
+
+        Calling it again with a smaller grace shortens the wait. With
+        ``wait=True`` returns when the worker has stopped.
+        """
+        if grace is not None:
+            grace = check_option_seconds(grace, "grace", allow_zero=True)
+        table = self._table
+        with table.lock:
+            if not table.stopping:
+                table.stopping = True
+                table.stop_mono = self.clock.monotonic()
+            if grace is not None:
+                table.grace = min(table.grace, grace)
+            table.changed.notify_all()
+            table.work.notify_all()
+            started = self._thread is not None
+        if not started:
+            self._done.set()
+            return
+        # The dispatcher may be about to block in wait_for_due; interrupt until it
+        # has seen the stop (an interrupt sent just before it blocks could be lost).
+        self._backend.interrupt()
+        if threading.current_thread() is self._thread:
+            return  # called from the dispatcher itself (e.g. by a store wrapper)
+        while not self._done.is_set() and not self._draining.wait(0.05):
+            self._backend.interrupt()
+        if wait and not self._runner.owns_current_thread():
+            self.join()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait (real time) until the worker stopped; True if it did."""
+        return self._done.wait(timeout)
+
+    @property
+    def running(self) -> bool:
+        """True between start and the end of the stop."""
+        return self._thread is not None and not self._done.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested and the worker no longer claims jobs."""
+        return self._draining.is_set()
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- observation --------------------------------------------------------
+    def stats(self) -> WorkerStats:
+        """A snapshot of the counters and the lateness and duration percentiles.
+
+        O(buckets) and O(1) memory however many jobs ran (fixed-size histograms).
+        """
+        table = self._table
+        with table.lock:
+            return table.stats.snapshot(in_flight=len(table.records), prefetched=len(table.ready))
+
+    # -- the dispatcher thread ------------------------------------------------
+    def _main(self) -> None:
+        dispatcher = self._dispatcher
+        try:
+            dispatcher.dispatch()
+            self._draining.set()
+            dispatcher.return_ready()
+            dispatcher.drain()
+        except BaseException as exc:
+            log.exception("delayq worker crashed")
+            self._crash = exc
+        finally:
+            self._draining.set()
+            self._runner.shutdown()
+            self._done.set()

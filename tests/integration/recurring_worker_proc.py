@@ -1,0 +1,45 @@
+"""A worker process for the recurring-schedule integration tests (run with ``python -m``).
+
+``python -m tests.integration.recurring_worker_proc URL OUTDIR`` runs a real
+:class:`~delayq.worker.Worker` on the store at ``URL`` with one handler,
+``record``, which appends one line per run to ``OUTDIR/ran.<pid>``::
+
+    <job id> <run_at> <pid> <payload as JSON>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("outdir")
+    args = parser.parse_args(argv)
+
+    from delayq.app import DelayQ, JobContext  # noqa: PLC0415
+    from delayq.worker import Worker  # noqa: PLC0415
+
+    app = DelayQ(args.url)
+    pid = os.getpid()
+    out = (Path(args.outdir) / f"ran.{pid}").open("a", encoding="utf-8")
+
+    @app.handler("record")
+    def record(payload: Any, ctx: JobContext) -> None:
+        out.write(f"{ctx.id} {ctx.run_at!r} {pid} {json.dumps(payload)}\n")
+        out.flush()
+
+    try:
+        Worker(app, concurrency=2, lease=10.0, grace=5.0).run()
+    finally:
+        out.close()
+        app.close()
+
+
+if __name__ == "__main__":
+    main()

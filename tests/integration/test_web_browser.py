@@ -1,0 +1,268 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright.
+
+The session fixture installs chromium with apt when it is missing (as root);
+otherwise the tests skip with the reason, or fail under
+``DELAYQ_REQUIRE_SERVICES=1``. The server is uvicorn in a thread on a free port,
+serving a SQLite store in the test's directory.
+
+``DELAYQ_SCREENSHOTS=1`` also writes the screenshots the README shows to ``docs/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("playwright")
+pytest.importorskip("uvicorn")
+
+import uvicorn
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from delayq.app import DelayQ
+from delayq.metrics import LatenessSeries
+from delayq.web import create_app
+from tests.conftest import service_missing
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "browser-test-token"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _ensure_chromium() -> str:
+    if os.path.exists(CHROMIUM):
+        return CHROMIUM
+    if os.geteuid() != 0:
+        service_missing("chromium", f"{CHROMIUM} is missing; install it: apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+
+    def apt(*args: str) -> subprocess.CompletedProcess[str]:
+        command = ["apt-get", *args]
+        return subprocess.run(
+            command, check=False, env=env, capture_output=True, text=True, timeout=900
+        )
+
+    done = apt("install", "-y", "-q", "chromium")
+    if done.returncode != 0:  # a fresh machine may need the package lists first
+        apt("update", "-q")
+        done = apt("install", "-y", "-q", "chromium")
+    if done.returncode != 0 or not os.path.exists(CHROMIUM):
+        service_missing("chromium", f"apt-get install chromium failed: {done.stderr[-500:]}")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The browser binary, installed once per test session when missing."""
+    return _ensure_chromium()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Browser]:
+    # Module scope, not session: Playwright's sync API keeps an event loop set in
+    # this thread while it runs, which would break later tests calling asyncio.run.
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Site:
+    url: str
+    app: DelayQ
+
+    def page(self, browser: Browser, *, login: bool = True) -> Page:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        if login:
+            page.goto(f"{self.url}/?token={TOKEN}")
+        return page
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    series = LatenessSeries(slot_seconds=60)
+    now = time.time()
+    for minute in range(30):  # a recorded half hour for the chart
+        for i in range(40):
+            series.add(
+                0.002 + 0.0005 * (i % 7) + (0.3 if i == 39 and minute % 9 == 0 else 0),
+                at=now - (30 - minute) * 60,
+            )
+    with DelayQ(f"sqlite:///{tmp_path / 'web.db'}") as app:
+        config = uvicorn.Config(
+            create_app(app, token=TOKEN, series=series),
+            host="127.0.0.1",
+            port=_free_port(),
+            log_level="warning",
+            ws="none",
+            lifespan="on",
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        try:
+            yield Site(f"http://127.0.0.1:{config.port}", app)
+        finally:
+            server.should_exit = True
+            thread.join(30)
+
+
+def bury(app: DelayQ, job_id: str, error: str) -> None:
+    """Dead-letter ``job_id``, the only due job."""
+    (claim,) = app.backend.claim(limit=1000, lease=30)
+    assert claim.job.id == job_id
+    app.backend.bury(claim, error)
+
+
+def shot(page: Page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 1000
+    if os.environ.get("DELAYQ_SCREENSHOTS") == "1":
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(path, DOCS / name)
+
+
+def test_the_overview_renders_counts_and_the_lateness_chart(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    app = site.app
+    for i in range(6):
+        app.schedule("order.cancel", {"order": i}, delay=1800 + i)
+    app.schedule("webhook.send", {"url": "https://example.com/hook"}, job_id="hook-1")
+    bury(app, "hook-1", "ConnectionError: 503 from https://example.com/hook")
+    app.schedule("review.post", {"order": 7}, job_id="overdue-review")
+    page = site.page(browser)
+    page.goto(f"{site.url}/")
+    assert page.inner_text("#count-scheduled") == "7"
+    assert page.inner_text("#count-dead") == "1"
+    assert "overdue-review" in page.inner_text("#oldest-overdue")
+    assert page.locator("svg.chart polyline").count() == 2
+    shot(page, tmp_path, "dashboard-overview.png")
+
+
+def test_jobs_filter_by_name_and_page_forward(browser: Browser, site: Site) -> None:
+    app = site.app
+    app.schedule_many(
+        [
+            {"name": "mail" if i % 2 else "sms", "delay": 60 + i, "job_id": f"m{i:02}"}
+            for i in range(23)
+        ]
+    )
+    page = site.page(browser, login=False)
+    page.goto(f"{site.url}/jobs")
+    page.fill("#f-name", "mail")
+    page.fill("#f-limit", "5")
+    page.click("#f-apply")
+    seen: list[str] = []
+    pages = 0
+    while True:
+        rows = page.locator("tr.job-row")
+        seen.extend(rows.nth(i).get_attribute("data-id") or "" for i in range(rows.count()))
+        pages += 1
+        if page.locator("#next-page").count() == 0:
+            break
+        page.click("#next-page")
+    assert seen == [f"m{i:02}" for i in range(23) if i % 2]
+    assert pages == 3  # 11 jobs, 5 a page
+
+
+def test_cancel_a_job_and_see_its_new_state(browser: Browser, site: Site, tmp_path: Path) -> None:
+    job_id = site.app.schedule("order.cancel", {"order": 42, "note": "unpaid"}, delay=1800)
+    page = site.page(browser)
+    page.goto(f"{site.url}/jobs/{job_id}")
+    assert page.inner_text("#job-state") == "scheduled"
+    page.click("#cancel")
+    assert page.inner_text("#outcome") == "Outcome: cancelled"
+    assert page.inner_text("#job-state") == "cancelled"
+    job = site.app.get(job_id)
+    assert job is not None and job.state.value == "cancelled"
+    page.reload()  # Post/Redirect/Get: reloading does not cancel again
+    assert page.inner_text("#outcome") == "Outcome: cancelled"
+
+
+def test_requeue_a_dead_letter(browser: Browser, site: Site) -> None:
+    site.app.schedule("webhook.send", {"n": 1}, job_id="dead-1")
+    bury(site.app, "dead-1", "TimeoutError: gave up after 5 attempts")
+    page = site.page(browser)
+    page.goto(f"{site.url}/dead")
+    page.locator("tr[data-id='dead-1'] button.requeue").click()
+    assert page.inner_text("#outcome") == "dead-1: requeued"
+    assert page.locator("tr.job-row").count() == 0
+    job = site.app.get("dead-1")
+    assert job is not None and job.state.value == "scheduled" and job.attempts == 0
+
+
+def test_requests_without_the_token_or_the_csrf_value_are_refused(
+    browser: Browser, site: Site
+) -> None:
+    job_id = site.app.schedule("order.cancel", delay=1800)
+    anonymous = site.page(browser, login=False)
+    anonymous.goto(f"{site.url}/jobs/{job_id}")
+    assert anonymous.locator("#cancel").count() == 0  # no token: no action forms
+    refused = anonymous.request.post(f"{site.url}/jobs/{job_id}/cancel", form={"csrf": "x"})
+    assert refused.status == 401
+    signed_in = site.page(browser)
+    no_csrf = signed_in.request.post(f"{site.url}/jobs/{job_id}/cancel", form={"csrf": ""})
+    assert no_csrf.status == 403
+    api = signed_in.request.post(f"{site.url}/api/jobs/{job_id}/cancel")
+    assert api.status == 403
+    job = site.app.get(job_id)
+    assert job is not None and job.state.value == "scheduled"
+
+
+def test_a_script_in_a_payload_or_error_is_shown_as_text_and_never_runs(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    attack = "<script>window.__pwned = 1; alert('pwned')</script>"
+    site.app.schedule("webhook.send", {"body": attack}, job_id="xss")
+    bury(site.app, "xss", f'ValueError: {attack}\n<img src=x onerror="window.__pwned=2">')
+    page = site.page(browser)
+    dialogs: list[Any] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    for path in ("/jobs/xss", "/dead", "/jobs?state=dead"):
+        page.goto(f"{site.url}{path}")
+        assert page.evaluate("window.__pwned") is None
+    page.goto(f"{site.url}/jobs/xss")
+    assert attack in page.inner_text("#payload")
+    assert attack in page.inner_text("#last-error")
+    assert dialogs == []
+    shot(page, tmp_path, "dashboard-job.png")

@@ -1,0 +1,110 @@
+"""``delayq recurring ls/add/pause/resume/rm``, through click's CliRunner on a SQLite file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from delayq.app import DelayQ
+from delayq.cli import cli
+from delayq.recurring import LEAD, TICK_HANDLER
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def run(url: str, *args: str, code: int = 0) -> Result:
+    result = CliRunner().invoke(cli, ["--url", url, "recurring", *args], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result
+
+
+def run_json(url: str, *args: str) -> Any:
+    return json.loads(run(url, *args, "--json").output)
+
+
+def test_add_stores_a_cron_schedule_and_seeds_its_first_tick(url: str) -> None:
+    out = run(
+        url, "add", "report.daily", '{"to": "ops"}', "--cron", "0 3 * * *", "--tz", "Europe/Berlin"
+    ).output
+    assert out.startswith("schedule report.daily: cron 0 3 * * * (Europe/Berlin), next run ")
+    with DelayQ(url) as app:
+        schedule = app.get_recurring("report.daily")
+        assert schedule is not None and schedule.payload == '{"to":"ops"}'
+        [tick] = app.list_jobs()
+        next_run = schedule.next_run(app.clock.time())
+        assert next_run is not None
+        assert tick.name == TICK_HANDLER and tick.run_at == next_run - LEAD
+
+
+def test_add_every_with_options_and_list_as_json(url: str) -> None:
+    run(
+        url,
+        "add",
+        "poll",
+        "--every",
+        "5m",
+        "--jitter",
+        "10s",
+        "--handler",
+        "poller",
+        "--max-attempts",
+        "2",
+        "--backoff",
+        "1s,2s",
+        "--misfire",
+        "catchup:3",
+    )
+    [entry] = run_json(url, "ls")
+    assert (entry["name"], entry["handler"], entry["every"], entry["jitter"]) == (
+        "poll",
+        "poller",
+        300.0,
+        10.0,
+    )
+    assert (entry["max_attempts"], entry["misfire"], entry["paused"]) == (2, "catchup:3", False)
+    assert entry["next_run"] > 0 and entry["next_run_iso"].endswith("+00:00")
+
+
+def test_ls_shows_a_table_with_the_state(url: str) -> None:
+    run(url, "add", "poll", "--every", "1m")
+    run(url, "pause", "poll")
+    out = run(url, "ls").output
+    assert "1 recurring schedule(s)" in out and "every 60s" in out and "paused" in out
+
+
+def test_pause_resume_and_rm_report_and_fail_for_an_unknown_name(url: str) -> None:
+    run(url, "add", "poll", "--every", "1m")
+    assert run(url, "pause", "poll").output == "paused poll\n"
+    assert run_json(url, "ls")[0]["next_run"] is None
+    assert run(url, "resume", "poll").output == "resumed poll\n"
+    assert run(url, "rm", "poll").output == "removed poll\n"
+    assert run_json(url, "ls") == []
+    for verb in ("pause", "resume", "rm"):
+        assert "no recurring schedule named 'poll'" in run(url, verb, "poll", code=1).output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "not cron"], "not a valid cron expression"),
+        (["--cron", "0 3 * * *", "--tz", "Nowhere/Else"], "not a known time zone"),
+        (["--every", "soon"], "--every"),
+        ([], "exactly one of cron"),
+        (["--every", "1m", "--misfire", "twice"], "misfire"),
+    ],
+)
+def test_bad_definitions_exit_2_and_store_nothing(url: str, args: list[str], message: str) -> None:
+    assert message in run(url, "add", "job", *args, code=2).output
+    assert run_json(url, "ls") == []
+
+
+def test_a_forgetful_store_is_refused() -> None:
+    result = CliRunner().invoke(cli, ["--url", "memory://", "recurring", "ls"])
+    assert result.exit_code == 2 and "memory://" in result.output
