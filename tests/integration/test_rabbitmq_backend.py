@@ -113,7 +113,7 @@ def test_an_expired_lease_returns_the_job_with_the_next_attempt_and_the_old_clai
     [first] = claim_within(backend, 1, lease=0.2)
     [second] = claim_within(backend, 1)
     assert second.job.id == "slow" and second.attempt == 2
-    assert second.job.last_error is not None and "returned to the queue" in second.job.last_error
+    assert second.job.last_error is not None and "lease expired" in second.job.last_error
     with pytest.raises(StaleClaim):
         backend.ack(first)
     backend.ack(second)

@@ -305,9 +305,8 @@ class RabbitMQBackend(CompletesInBatches):
             item = items[index]
             message = replace(held.message, attempts=held.attempts)
             if item.released:
-                back = replace(message, attempts=held.attempts - 1, last_error=RELEASED_NOTE)
-                outgoing.append(self._outgoing(back, 0.0))
-            elif item.state is JobState.SCHEDULED:
+                continue  # the delivery goes back to this worker's heap, below
+            if item.state is JobState.SCHEDULED:
                 assert item.run_at is not None
                 again = replace(message, run_at=item.run_at, last_error=item.error)
                 outgoing.append(self._outgoing(again, item.run_at - now))
@@ -321,8 +320,16 @@ class RabbitMQBackend(CompletesInBatches):
                     self._held[items[index].claim.token] = held
                     _OWNERS[items[index].claim.token] = self
             raise
-        done = self._consumer.settle([(held.delivery, False) for _, held in taken])
-        for (index, _held), ok in zip(taken, done, strict=True):
+        acked = [(i, h) for i, h in taken if not items[i].released]
+        done = self._consumer.settle([(held.delivery, False) for _, held in acked])
+        for index, held in taken:
+            if items[index].released:
+                # Unstarted: back in the heap at its own deadline (its place in the due
+                # order), still unacked, so its next claim is the same attempt again.
+                held.delivery.note = RELEASED_NOTE
+                done.insert(len(done), self._consumer.put_back(held.delivery))
+                acked.append((index, held))
+        for (index, _held), ok in zip(acked, done, strict=True):
             if not ok:
                 results[index] = self._stale(items[index].claim)
         return results

@@ -36,16 +36,17 @@ class Verdict:
 
 
 def returned_note(attempts: int) -> str:
+    """The note of a job the broker returned (the same words as the other stores')."""
     return (
-        f"returned to the queue during attempt {attempts - 1}: the worker holding it stopped, "
-        f"lost its connection or let its lease run out"
+        f"lease expired during attempt {attempts - 1}: the worker holding it stopped, hung "
+        f"or lost its connection; returned to the queue"
     )
 
 
 def returned_error(attempts: int, max_attempts: int) -> str:
     return (
-        f"returned to the queue {attempts - 1} times without finishing (max_attempts="
-        f"{max_attempts}): the workers holding it stopped, lost their connections or hung"
+        f"lease expired after {attempts - 1} attempts (max_attempts={max_attempts}): the "
+        f"workers holding it stopped, hung or lost their connections"
     )
 
 
@@ -64,7 +65,7 @@ def judge(delivery: Delivery) -> Verdict:
         return Verdict("pass_on", message)  # a delay longer than one pass through the levels
     attempts = message.attempts + delivery.returns + 1
     if not delivery.returns:
-        return Verdict("run", message, attempts, message.last_error)
+        return Verdict("run", message, attempts, delivery.note or message.last_error)
     if attempts > message.max_attempts:
         error = returned_error(attempts, message.max_attempts)
         return Verdict("bury", replace(message, attempts=attempts - 1, last_error=error))

@@ -74,6 +74,7 @@ class Delivery:
     message: JobMessage | None  # None when the body cannot be read
     error: str | None = None  # why it cannot be read
     due: float = 0.0  # local deadline, monotonic seconds
+    note: str | None = None  # the last error to report instead of the message's (a release)
 
 
 @dataclass(slots=True)
@@ -338,6 +339,17 @@ class Consumer:
         settle.done.wait(SETTLE_TIMEOUT)
         results = list(settle.results)
         return results + [False] * (len(items) - len(results))
+
+    def put_back(self, delivery: Delivery) -> bool:
+        """Return an unstarted delivery to the heap at its own deadline; False when its
+        connection is gone (the broker has returned it already)."""
+        with self._cond:
+            if delivery.generation != self._generation or self._channel is None:
+                return False
+            heapq.heappush(self._heap, (delivery.due, next(self._seq), delivery))
+            self._wake_gen += 1
+            self._cond.notify_all()
+            return True
 
     def take_due(self, limit: int, now: float) -> list[Delivery]:
         """Up to ``limit`` deliveries due by ``now`` (monotonic), earliest first."""
