@@ -27,7 +27,13 @@ from delayq.errors import (
 )
 from delayq.job import Claim, JobSpec, JobState
 from tests._util import wait_until
-from tests.rabbitmq_support import AMQP_URL, delete_queues, unique_queue, vhost_url
+from tests.rabbitmq_support import (
+    AMQP_URL,
+    close_connections,
+    delete_queues,
+    unique_queue,
+    vhost_url,
+)
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -303,9 +309,24 @@ def test_a_batch_with_a_bad_spec_publishes_nothing(backend: RabbitMQBackend, bad
 
 
 def ready_messages(backend: RabbitMQBackend) -> int:
+    return ready_messages_of(backend.queue)
+
+
+def test_schedule_goes_on_after_the_broker_closed_the_producers_connection(queue: str) -> None:
+    app = DelayQ(vhost_url(), queue=queue)
+    try:
+        app.schedule("x", {}, delay=0, job_id="before")
+        close_connections()
+        app.schedule("x", {}, delay=0, job_id="after")  # a new connection, no error
+        assert wait_until(lambda: ready_messages_of(queue) >= 2, timeout=10)
+    finally:
+        app.close()
+
+
+def ready_messages_of(queue: str) -> int:
     connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
     try:
-        declared = connection.channel().queue_declare(f"delayq.q.{backend.queue}", passive=True)
+        declared = connection.channel().queue_declare(f"delayq.q.{queue}", passive=True)
         return int(declared.method.message_count)
     finally:
         connection.close()
