@@ -15,7 +15,8 @@ Every run gets a virtual host of its own (``rabbitmqctl add_vhost``, deleted aft
   is scheduled; one worker process; lateness = handler start minus due time) for:
 
   - ``delayq-rabbitmq``: quorum queues, levels of whole 1.024 s units, the rest waited
-    out by the worker (``Worker(app)`` defaults);
+    out by the worker (``Worker(app)`` defaults); ``delayq-rabbitmq-classic`` the same
+    on classic queues;
   - ``celery-native``: Celery on quorum queues, kombu's native delayed delivery. It
     refuses countdowns under 1 s, so those jobs are scheduled 1 s ahead instead;
   - ``celery-classic``: Celery on a classic queue: an ETA message is delivered at once
@@ -116,6 +117,12 @@ SYSTEMS: list[load.System] = [
         _prepare("?queue=bench-load"),
         modules=("pika",),
         notes="quorum levels of 1.024 s units, the rest waited out by the worker",
+    ),
+    load.delayq_system(
+        "delayq-rabbitmq-classic",
+        _prepare("?queue=bench-load&queue_type=classic"),
+        modules=("pika",),
+        notes="the same on classic queues (dead-lettering at most once between levels)",
     ),
     _celery_system("native", "quorum queues, native delayed delivery (countdown >= 1 s)"),
     _celery_system("classic", "classic queue, ETA held in worker memory"),
