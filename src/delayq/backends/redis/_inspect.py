@@ -10,7 +10,13 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from delayq.backends._common import PURGE_BATCH, check_limit, check_run_at, check_when
+from delayq.backends._common import (
+    PURGE_BATCH,
+    check_limit,
+    check_run_at,
+    check_when,
+    filtered_page,
+)
 from delayq.backends.redis._fields import job_of, optional_float, pairs, when_arg
 from delayq.backends.redis._keys import FINISHED_INDEX
 from delayq.job import Job, JobState, Stats
@@ -72,13 +78,27 @@ class Inspection:
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties); the window is ``due_after <= run_at < due_before``.
 
         Scheduled jobs are read from the due index (cost grows with ``limit``);
         the other states are read whole and sorted here, which is fine for an
         inspection call but grows with the number of running/finished records.
+        A ``name`` filter or an ``after`` cursor walks that same listing from the
+        cursor's due time (``_common.filtered_page``).
         """
+        if name is not None or after is not None:
+            return filtered_page(
+                lambda start, n: self.list_jobs(
+                    state=state, due_after=start, due_before=due_before, limit=n
+                ),
+                due_after=due_after,
+                limit=limit,
+                name=name,
+                after=after,
+            )
         limit = check_limit(limit)
         state = None if state is None else JobState(state)
         low = "-inf" if due_after is None else repr(check_run_at(due_after, "due_after") * 1000)
