@@ -42,6 +42,7 @@ from delayq.job import (
     RescheduleOutcome,
     Stats,
 )
+from delayq.recurring import Schedule
 
 __all__ = ["AsyncDelayQ"]
 
@@ -168,6 +169,29 @@ class AsyncDelayQ:
         older_than: float | timedelta | None = None,
     ) -> int:
         return await asyncio.to_thread(self.app.purge_dead, job_ids=job_ids, older_than=older_than)
+
+    # -- recurring schedules -------------------------------------------------
+    async def recurring(self, name: str, **definition: Any) -> Schedule:
+        """:meth:`DelayQ.recurring`: store (or change) a recurring schedule."""
+        return await asyncio.to_thread(self.app.recurring, name, **definition)
+
+    async def recurring_schedules(self) -> list[Schedule]:
+        return await asyncio.to_thread(self.app.recurring_schedules)
+
+    async def get_recurring(self, name: str) -> Schedule | None:
+        return await asyncio.to_thread(self.app.get_recurring, name)
+
+    async def update_recurring(self, name: str, **changes: Any) -> Schedule:
+        return await asyncio.to_thread(self.app.update_recurring, name, **changes)
+
+    async def pause_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.pause_recurring, name)
+
+    async def resume_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.resume_recurring, name)
+
+    async def remove_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.remove_recurring, name)
 
     # -- lifecycle ----------------------------------------------------------
     async def close(self) -> None:

@@ -10,6 +10,8 @@ from delayq.job import Job, JobState
 from delayq.testing import FakeClock
 from tests.contract._support import spec
 
+pytestmark = pytest.mark.backend_features("inspect")
+
 
 def cursor(job: Job) -> tuple[float, str]:
     return (job.run_at, job.id)
