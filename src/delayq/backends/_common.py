@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from delayq._validate import check_job_id, utf8_problem
 from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
-from delayq.job import Claim, JobSpec, JobState
+from delayq.job import Claim, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
 
@@ -41,6 +41,7 @@ __all__ = [
     "clip_error",
     "complete_then_claim",
     "encode_backoff",
+    "filtered_page",
     "readable_json",
     "undecodable_error",
     "format_time",
@@ -98,6 +99,39 @@ def check_list_cursor(after: object) -> tuple[float, str] | None:
             f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
         )
     return check_run_at(after[0], "after[0] (run_at)"), after[1]
+
+
+def filtered_page(
+    read: Callable[[float | None, int], list[Job]],
+    *,
+    due_after: float | None,
+    limit: int,
+    name: str | None,
+    after: tuple[float, str] | None,
+) -> list[Job]:
+    """``list_jobs(name=, after=)`` for a store that lists only by state and window.
+
+    ``read(due_after, n)`` is the store's own listing (its order, its filters)
+    of at most ``n`` jobs. Reads from the cursor's due time on, skips the jobs up
+    to the cursor job itself (ties keep the store's order), filters by name, and
+    reads a larger window until the page is full or the store has no more: a
+    walk, like an index walk, never a sort of everything. When the cursor job is
+    gone nothing is skipped (a page may repeat a job, never skip one).
+    """
+    limit = check_limit(limit)
+    cursor = check_list_cursor(after)
+    start = due_after
+    if cursor is not None:
+        start = cursor[0] if start is None else max(start, cursor[0])
+    want = max(2 * limit, 100)
+    while True:
+        rows = read(start, want)
+        ids = [job.id for job in rows]
+        unread = rows[ids.index(cursor[1]) + 1 :] if cursor and cursor[1] in ids else rows
+        page = [job for job in unread if name is None or job.name == name][:limit]
+        if len(page) == limit or len(rows) < want:
+            return page
+        want *= 4
 
 
 def check_lease(lease: object) -> float:

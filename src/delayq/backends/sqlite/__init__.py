@@ -49,7 +49,8 @@ table.
 
 Layout: ``_schema`` (tables, named queries, opening a connection), ``_ops``
 (what each transaction does to rows), ``_turns`` (writers taking turns),
-``_backend`` (transactions, group commit, waking, the contract methods).
+``_backend`` (transactions, group commit, waking, the contract methods),
+``_schedules`` (recurring schedule records, the ``recurring`` feature).
 """
 
 from delayq.backends.sqlite._backend import SQLiteBackend
