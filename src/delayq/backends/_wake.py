@@ -56,7 +56,7 @@ _SUPPORTED = hasattr(socket, "AF_UNIX") and hasattr(os, "O_DIRECTORY")  # not on
 _MAX_SOCKET_PATH = 100  # sun_path is 104-108 bytes depending on the OS; keep a margin
 _SUFFIX = ".sock"
 _PROBE = b"?"  # the self-check's datagram: received, but wakes nobody
-_SELF_CHECK_TIMEOUT = 2.0  # seconds for the start-up datagram to reach our own socket
+_SELF_CHECK_TIMEOUT = 5.0  # seconds for the start-up datagram to reach our own socket
 
 
 def share_like_database(path: str, db_path: str, *, directory: bool = False) -> bool:
