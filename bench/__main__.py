@@ -5,10 +5,9 @@
     python -m bench            # full runs
     python -m bench --quick    # smoke runs
 
-Each module (``inprocess``, ``timers``, ``durable``, ``drain``, ``redis_delayq``,
-``redis_peers``, ``load``, ``operate``, ``recurring``) is imported if it exists and
-its ``main(argv)`` called with the same arguments; a module that is missing is
-listed as such, one that fails does not stop the others. The exit code is the first non-zero one.
+Each module in ``MODULES`` is imported if it exists and its ``main(argv)`` called
+with the same arguments; a module that is missing is listed as such, one that
+fails does not stop the others. The exit code is the first non-zero one.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ MODULES = (
     "load",
     "operate",
     "recurring",
+    "postgres",
+    "rabbitmq",
 )
 
 

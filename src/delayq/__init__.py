@@ -29,6 +29,7 @@ from delayq.errors import (
     QueueFull,
     StaleClaim,
     UnknownHandler,
+    Unsupported,
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
 from delayq.recurring import MissedRuns, Schedule
@@ -89,6 +90,7 @@ __all__ = [
     "TimerHandle",
     "TimingWheel",
     "UnknownHandler",
+    "Unsupported",
     "Worker",
     "WorkerStats",
 ]

@@ -473,6 +473,7 @@ class DelayQ:
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        connection: object = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -497,6 +498,10 @@ class DelayQ:
         skips only jobs later than that, which is the way to skip what piled up
         while no worker ran without dropping jobs that merely waited in a queue.
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
+
+        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
+        ``Connection`` / ``Session``) writes the job inside that connection's
+        transaction: it exists if and only if the caller's transaction commits.
         """
         policy = check_on_conflict(on_conflict)
         spec = self.build(
@@ -509,8 +514,8 @@ class DelayQ:
             backoff=backoff,
             misfire=misfire,
         )
-        if self._hooks:
-            return self._store([spec], policy)[0][0].id
+        if self._hooks or connection is not None:
+            return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
 
@@ -579,13 +584,24 @@ class DelayQ:
             self._hooks = (*self._hooks, hook)
 
     def _store(
-        self, specs: list[JobSpec], policy: OnConflict
+        self, specs: list[JobSpec], policy: OnConflict, connection: Any = None
     ) -> tuple[list[JobSpec], list[EnqueueOutcome]]:
-        """Enqueue ``specs`` through the hooks; the specs stored and their outcomes."""
+        """Enqueue ``specs`` through the hooks (in the caller's transaction when
+        ``connection`` is given); the specs stored and their outcomes."""
         hooks = self._hooks
         for hook in hooks:
             specs = hook.before_enqueue(specs)
-        outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        if connection is None:
+            outcomes = self._backend.enqueue(specs, on_conflict=policy)
+        elif "transactional_enqueue" in getattr(self._backend, "features", ()):
+            outcomes = self._backend.enqueue(  # type: ignore[call-arg]
+                specs, on_conflict=policy, connection=connection
+            )
+        else:
+            raise InvalidOption(
+                f"connection= joins a database transaction; {self._backend.url} cannot "
+                f"(only stores with the 'transactional_enqueue' feature, like postgresql://)"
+            )
         for hook in hooks:
             try:
                 hook.after_enqueue(specs, outcomes)

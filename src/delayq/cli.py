@@ -498,7 +498,7 @@ def schedule(
             **due,
         )
         [outcome] = app.enqueue([spec], on_conflict=on_conflict)  # type: ignore[arg-type]
-        job = app.get(spec.id)
+        job = app.get(spec.id) if "inspect" in app._backend.features else None
         now = app.clock.time()
     if as_json:
         _echo_json({**(job_to_dict(job) if job else {"id": spec.id}), "outcome": outcome.value})
@@ -511,6 +511,16 @@ def schedule(
         click.echo(f"replaced job {spec.id} ({shown}) due {due_text}")
     else:
         click.echo(f"scheduled {spec.id} ({shown}) due {due_text}")
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade a PostgreSQL store's schema (safe to run concurrently)."""
+    with _errors():
+        from delayq.backends.postgres.migrate import migrate_url  # noqa: PLC0415 (optional extra)
+
+        click.echo(migrate_url(ctx.obj.url))
 
 
 @cli.command()

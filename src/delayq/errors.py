@@ -15,6 +15,7 @@
     ├── StaleClaim                             the claim's fencing token is no longer current
     ├── QueueClosed                            the queue or timer was closed
     ├── QueueFull                              ``max_pending`` reached
+    ├── Unsupported (also NotImplementedError) the store does not keep that promise (its features)
     ├── ConfigurationError                     bad URL, unsafe server setting ...
     │   └── MissingDependency (also ImportError) an optional extra is not installed
     └── BackendError                           the store failed
@@ -43,6 +44,7 @@ __all__ = [
     "QueueFull",
     "StaleClaim",
     "UnknownHandler",
+    "Unsupported",
 ]
 
 
@@ -96,6 +98,10 @@ class QueueClosed(DelayqError):
 
 class QueueFull(DelayqError):
     """The structure holds ``max_pending`` items and refuses more."""
+
+
+class Unsupported(DelayqError, NotImplementedError):
+    """The store does not keep this promise; its ``features`` say which it keeps."""
 
 
 class ConfigurationError(DelayqError):

@@ -153,6 +153,7 @@ def test_an_entry_that_is_not_a_completion_rejects_the_whole_batch(
     assert state_of(backend, "j") is JobState.RUNNING
 
 
+@pytest.mark.backend_features("inspect")
 def test_a_concurrent_reader_sees_a_batch_all_applied_or_not_at_all(
     backend: Backend, clock: FakeClock
 ) -> None:

@@ -66,6 +66,6 @@ def test_a_store_skips_exactly_the_tests_its_declared_gaps_explain(name: str) ->
 def test_the_suite_declares_what_the_store_class_declares(
     backend: Backend, factory: BackendFactory
 ) -> None:
-    declared = type(backend).features
+    declared = backend.features
     assert declared <= set(FEATURES), sorted(declared - set(FEATURES))
     assert factory.features == declared

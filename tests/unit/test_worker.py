@@ -563,7 +563,14 @@ def test_stop_lets_an_in_flight_handler_finish(h: Harness) -> None:
 def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness) -> None:
     release = threading.Event()
     started = threading.Event()
-    h.app.register("x", lambda p: (started.set(), release.wait(TIMEOUT)))
+    threads: list[threading.Thread] = []
+
+    def hang(payload: Any) -> None:
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(TIMEOUT)
+
+    h.app.register("x", hang)
     job_id = h.app.schedule("x", delay=0)
     worker = h.start()
     assert started.wait(TIMEOUT)
@@ -575,7 +582,10 @@ def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness
     job = h.job(job_id)
     assert job.state is JobState.RUNNING  # its lease runs out; another worker runs it
     release.set()
-    assert h.results.empty()
+    threads[0].join(TIMEOUT)  # the abandoned handler returned and its thread is done
+    assert not threads[0].is_alive()
+    assert h.results.empty()  # its late result is neither recorded nor reported
+    assert h.job(job_id).state is JobState.RUNNING
 
 
 class _StopOnClaim(MemoryBackend):

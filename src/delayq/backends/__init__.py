@@ -5,6 +5,9 @@
 * ``memory://``: the in-memory reference store (tests, examples).
 * ``sqlite:///path/to/jobs.db``: the embedded default (``sqlite:///:memory:`` too).
 * ``redis://host:port/db``: Redis ZSET + Lua (``pip install 'delayq[redis]'``).
+* ``postgresql://user@host/db?queue=q``: PostgreSQL (``pip install 'delayq[postgres]'``).
+* ``amqp://user:pass@host:port/vhost?queue=name``: RabbitMQ TTL + dead-letter levels
+  (``pip install 'delayq[rabbitmq]'``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ _BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
     "sqlite": ("delayq.backends.sqlite", "SQLiteBackend", None, None),
     "redis": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
     "rediss": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+    "postgresql": ("delayq.backends.postgres", "PostgresBackend", "postgres", "psycopg_pool"),
+    "postgres": ("delayq.backends.postgres", "PostgresBackend", "postgres", "psycopg_pool"),
+    "amqp": ("delayq.backends.rabbitmq", "RabbitMQBackend", "rabbitmq", "pika"),
+    "amqps": ("delayq.backends.rabbitmq", "RabbitMQBackend", "rabbitmq", "pika"),
 }
 
 

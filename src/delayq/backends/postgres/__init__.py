@@ -1,0 +1,60 @@
+"""The PostgreSQL store: delayed jobs in the application's own database.
+
+``postgresql://user@host:5432/db?queue=orders`` (or ``postgres://``) selects it;
+it needs ``pip install 'delayq[postgres]'`` (psycopg 3 and psycopg_pool).
+
+Design
+------
+* **Schema.** delayq owns one schema (``delayq`` unless ``schema=``), created
+  and migrated by delayq with a recorded version under an advisory lock
+  (:mod:`.schema`; ``delayq migrate`` runs it by hand). One ``jobs`` table holds
+  every queue of the schema.
+* **Claims.** One ``UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)``
+  statement takes due jobs in ``(run_at, seq)`` order, sets their lease and a
+  fencing token from a sequence: concurrent workers never wait on each other
+  and never hold one job under two live leases. Expired leases are returned
+  (or buried) by the statement before it, in the same call.
+* **One clock.** "Due" is decided by the server's ``statement_timestamp()``, so
+  a worker or producer with a skewed clock never runs a job early. ``clock=``
+  (tests) and ``claim(now=...)`` replace it.
+* **No polling.** Workers sleep until the head of the due set or the next
+  lease end; LISTEN/NOTIFY wakes them when an earlier job commits (:mod:`.wake`).
+  An idle worker sends one query per wait and nothing while it sleeps.
+* **Transactional enqueue.** ``enqueue(..., connection=conn)`` (and
+  ``DelayQ.schedule(..., connection=conn)``) writes the job with the caller's
+  connection, under a savepoint of its transaction: the job exists if and only
+  if that transaction commits. SQLAlchemy ``Connection`` / ``Session`` objects on
+  the psycopg driver are accepted too.
+* **Churn.** Finished records are deleted ``result_ttl`` after they finish and
+  dead letters ``dead_ttl`` after burial, in bounded batches from the claim
+  path; reads already treat expired records as gone.
+* **Connections.** A pool (``pool_size``) for calls, one more connection for
+  LISTEN. A failed connection (server restart, ``pg_terminate_backend``) raises
+  :class:`~delayq.errors.BackendUnavailable` for that call; the pool drops
+  broken connections and the next call reconnects. Reads are retried once.
+  Completions are fenced by token, so an ack lost with its connection never
+  finishes a job that was handed to someone else.
+"""
+
+from __future__ import annotations
+
+from delayq.errors import MissingDependency
+
+try:
+    import psycopg  # noqa: F401
+    import psycopg_pool  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependency(
+        "the postgresql:// backend needs psycopg 3 and psycopg_pool: pip install 'delayq[postgres]'"
+    ) from exc
+
+from delayq.backends.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION
+from delayq.backends.postgres.store import DEFAULT_DEAD_TTL, DEFAULT_QUEUE, PostgresBackend
+
+__all__ = [
+    "DEFAULT_DEAD_TTL",
+    "DEFAULT_QUEUE",
+    "DEFAULT_SCHEMA",
+    "SCHEMA_VERSION",
+    "PostgresBackend",
+]

@@ -1,0 +1,267 @@
+"""The worker side of the PostgreSQL store: claim, complete, complete-and-claim, extend.
+
+Each call is one implicit transaction sent as one pipeline (one network round
+trip): expired leases returned, then the ``SKIP LOCKED`` claim; or the batch of
+completions, then the claim. These transactions commit with
+``synchronous_commit`` off: they do not wait for the disk. A server crash may
+forget the last fraction of a second of them, which at-least-once delivery
+already covers (a forgotten claim or ack means the job runs again, fenced by
+its token); the calls whose answers users rely on (enqueue, cancel,
+reschedule, requeue) wait for the disk as the store's ``synchronous_commit``
+option says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from delayq.backends._common import (
+    PURGE_BATCH,
+    RELEASED_NOTE,
+    check_lease,
+    check_limit,
+    check_run_at,
+    clip_error,
+    stale_claim,
+    undecodable_error,
+)
+from delayq.backends.base import Completion
+from delayq.backends.postgres.inspect import to_job
+from delayq.backends.postgres.sql import Statements
+from delayq.clock import Clock
+from delayq.errors import StaleClaim
+from delayq.job import Claim, JobState
+
+__all__ = ["Claiming"]
+
+_MAX_RECOVER = 1000  # expired leases returned per claim call at most
+_FINISH_KIND = {JobState.SUCCEEDED: "succeeded", JobState.SKIPPED: "skipped"}
+_NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
+
+log = logging.getLogger("delayq.postgres")
+
+Row = tuple[Any, ...]
+Cursor = psycopg.Cursor[Row]
+
+
+class _Store(Protocol):
+    queue: str
+    _sql: Statements
+    _clock: Clock
+    _dead_ttl: float | None
+
+    def _conn(self, doing: str) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+    def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
+
+    def _purge_due(self) -> bool: ...
+
+
+@contextmanager
+def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One implicit transaction, one round trip, committed without waiting for the disk."""
+    with conn.pipeline():
+        conn.execute(_NO_DISK_WAIT)
+        yield
+
+
+class _Batch:
+    """A batch of completions as sent: duplicates removed, one array per column."""
+
+    def __init__(self, items: list[Completion]) -> None:
+        self.items = items
+        # A claim given twice is applied once: later copies are reported stale.
+        self.first: dict[tuple[str, int], int] = {}
+        for i, item in enumerate(items):
+            self.first.setdefault((item.claim.job.id, item.claim.token), i)
+        self.chosen = sorted(self.first.values())
+
+    def params(self) -> dict[str, Any]:
+        kinds: list[str] = []
+        texts: list[str | None] = []
+        for i in self.chosen:
+            item = self.items[i]
+            if item.released:
+                kinds.append("release")
+                texts.append(RELEASED_NOTE)
+            elif item.state is JobState.SCHEDULED:
+                kinds.append("retry")
+                texts.append(clip_error(item.error))
+            elif item.state is JobState.DEAD:
+                kinds.append("dead")
+                texts.append(clip_error(item.error))
+            else:
+                kinds.append(_FINISH_KIND[item.state])
+                texts.append(item.outcome)
+        return {
+            "ids": [self.items[i].claim.job.id for i in self.chosen],
+            "tokens": [self.items[i].claim.token for i in self.chosen],
+            "kinds": kinds,
+            "run_ats": [self.items[i].run_at for i in self.chosen],
+            "texts": texts,
+        }
+
+    def results(
+        self, store: _Store, conn: psycopg.Connection[Any], done: list[Row]
+    ) -> tuple[list[StaleClaim | None], float | None]:
+        """Each entry's answer, and the earliest due time the batch scheduled."""
+        applied = {(r[0], r[1]) for r in done}
+        earliest = min((r[2] for r in done if r[3] in ("retry", "release")), default=None)
+        stale = [
+            i
+            for i, item in enumerate(self.items)
+            if self.first[(item.claim.job.id, item.claim.token)] != i
+            or (item.claim.job.id, item.claim.token) not in applied
+        ]
+        now_state: dict[str, tuple[JobState, int]] = {}
+        if stale:
+            ids = [self.items[i].claim.job.id for i in stale]
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                store._sql.stale, {"q": store.queue, "ids": ids}
+            )
+            now_state = {r[0]: (JobState(r[1]), r[2]) for r in rows.fetchall()}
+        results: list[StaleClaim | None] = [None] * len(self.items)
+        for i in stale:
+            claim = self.items[i].claim
+            state, token = now_state.get(claim.job.id, (None, None))
+            results[i] = stale_claim(claim, state, token)
+        return results, earliest
+
+
+class Claiming:
+    """``claim``, ``complete``, ``complete_and_claim`` and ``extend`` (see the module doc)."""
+
+    def claim(self: _Store, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        limit = check_limit(limit)
+        lease = check_lease(lease)
+        at = None if now is None else check_run_at(now, "now")
+        params = Claiming._claim_params(self, limit, lease, at)
+        with self._conn("claiming") as conn:
+            Claiming._purge(self, conn, params)
+            with _pipeline(conn):
+                cur = Claiming._send_claim(self, conn, params)
+            return Claiming._claims(self, conn, cur.fetchall())
+
+    def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        """Finish every claim of ``batch`` with one statement (one transaction)."""
+        items = Completion.batch(batch)
+        if not items:
+            return []
+        sent = _Batch(items)
+        with self._conn("completing claims") as conn:
+            with _pipeline(conn):
+                cur = conn.cursor(row_factory=tuple_row)
+                cur.execute(self._sql.complete, self._params(**sent.params()))
+            results, at = sent.results(self, conn, cur.fetchall())
+            self._told(conn, at)
+        return results
+
+    def complete_and_claim(
+        self: _Store, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)``: one transaction,
+        one round trip. If the claim part fails, the batch is completed on its own."""
+        items = Completion.batch(batch)
+        if limit != 0:
+            limit = check_limit(limit)
+        lease = check_lease(lease)
+        sent = _Batch(items)
+        params = Claiming._claim_params(self, limit, lease, None)
+        with self._conn("completing and claiming") as conn:
+            Claiming._purge(self, conn, params)
+            try:
+                with _pipeline(conn):
+                    done = conn.cursor(row_factory=tuple_row)
+                    if items:
+                        done.execute(self._sql.complete, self._params(**sent.params()))
+                    claimed = Claiming._send_claim(self, conn, params) if limit else None
+            except psycopg.OperationalError:
+                raise  # nothing was applied: the caller's error handling decides
+            except psycopg.Error as exc:
+                if not limit:
+                    raise
+                log.warning("delayq: claim after complete failed (%s); completing alone", exc)
+                return Claiming.complete(self, items), []
+            results, at = sent.results(self, conn, done.fetchall()) if items else ([], None)
+            claims = Claiming._claims(self, conn, claimed.fetchall()) if claimed else []
+            self._told(conn, at)
+        return results, claims
+
+    def extend(self: _Store, claim: Claim, lease: float) -> Claim:
+        lease = check_lease(lease)
+        with self._conn("extending a lease") as conn:
+            with _pipeline(conn):
+                cur = conn.cursor(row_factory=tuple_row)
+                cur.execute(
+                    self._sql.extend,
+                    self._params(id=claim.job.id, token=claim.token, lease=lease),
+                )
+            row = cur.fetchone()
+            if row is None:
+                rows = conn.cursor(row_factory=tuple_row).execute(
+                    self._sql.stale, {"q": self.queue, "ids": [claim.job.id]}
+                )
+                found = rows.fetchone()
+                raise stale_claim(
+                    claim,
+                    None if found is None else JobState(found[1]),
+                    None if found is None else found[2],
+                )
+        job = replace(claim.job, lease_until=row[0], updated_at=row[1])
+        return replace(claim, job=job, lease_until=row[0])
+
+    # -- parts ------------------------------------------------------------------
+    def _claim_params(self: _Store, limit: int, lease: float, now: float | None) -> dict[str, Any]:
+        return self._params(now, limit=limit, lease=lease, max_recover=_MAX_RECOVER)
+
+    def _send_claim(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Cursor:
+        """Queue the lease recovery and the claim (inside a pipeline); the claim's cursor."""
+        conn.execute(self._sql.recover, params)
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute(self._sql.claim, params)
+        return cur
+
+    def _claims(self: _Store, conn: psycopg.Connection[Any], rows: list[Row]) -> list[Claim]:
+        rows.sort(key=lambda r: (r[3], r[15]))  # (run_at, seq): RETURNING has no order
+        claims: list[Claim] = []
+        for row in rows:
+            try:
+                job = to_job(row, strict=True)
+            except (ValueError, TypeError) as exc:
+                # Buried with the reason instead of breaking every later claim.
+                log.error("delayq: burying job %r: %s", row[0], exc)
+                conn.execute(
+                    self._sql.complete,
+                    self._params(
+                        ids=[row[0]],
+                        tokens=[row[14]],
+                        kinds=["dead"],
+                        run_ats=[None],
+                        texts=[undecodable_error(exc)],
+                    ),
+                )
+                continue
+            assert job.lease_until is not None
+            claims.append(Claim(job, row[14], job.lease_until, job.updated_at))
+        return claims
+
+    def _purge(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
+        """Delete a bounded batch of expired finished records, at most once a second."""
+        if not self._purge_due():
+            return
+        with _pipeline(conn):
+            conn.execute(self._sql.purge, {**params, "batch": PURGE_BATCH})
+            if self._dead_ttl is not None:
+                conn.execute(
+                    self._sql.purge_dead_letters,
+                    {**params, "batch": PURGE_BATCH, "dead_ttl": self._dead_ttl},
+                )

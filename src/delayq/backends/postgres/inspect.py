@@ -1,0 +1,124 @@
+"""Reading jobs back: rows to :class:`~delayq.job.Job`, and the store's inspection calls.
+
+Every read here searches an index (``jobs_due`` by state and due time,
+``jobs_finished`` for dead letters, the primary key for ``get``), so the
+dashboard stays cheap on a table of millions of finished rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from delayq.backends._common import check_limit, check_run_at, readable_json
+from delayq.backends.postgres.sql import Statements
+from delayq.codec import decode_payload
+from delayq.job import Job, JobState, Stats
+
+__all__ = ["Inspection", "to_job"]
+
+Row = tuple[Any, ...]
+
+
+def to_job(row: Row, *, strict: bool = False) -> Job:
+    """The job of a row (``sql.COLUMNS`` order). ``strict`` (claim) raises on a
+    payload or backoff that does not decode; otherwise such a field is its raw text."""
+    return Job(
+        id=row[0],
+        name=row[1],
+        payload=decode_payload(row[2]) if strict else readable_json(row[2]),
+        run_at=row[3],
+        state=JobState(row[4]),
+        attempts=row[5],
+        max_attempts=row[6],
+        backoff=json.loads(row[7]) if strict else readable_json(row[7]),
+        misfire=row[8],
+        created_at=row[9],
+        updated_at=row[10],
+        last_error=row[11],
+        outcome=row[12],
+        lease_until=row[13],
+    )
+
+
+class _Store(Protocol):
+    _sql: Statements
+
+    def _read(self, doing: str, query: str, params: dict[str, Any]) -> list[Row]: ...
+
+    def _write(self, doing: str, query: str, params: dict[str, Any]) -> list[Row]: ...
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+
+class Inspection:
+    """``get``, ``list_jobs``, ``next_due``, ``stats``, ``dead_letters``, ``purge_dead``."""
+
+    def get(self: _Store, job_id: str) -> Job | None:
+        rows = self._read("reading a job", self._sql.get, self._params(id=job_id))
+        return to_job(rows[0]) if rows else None
+
+    def list_jobs(
+        self: _Store,
+        *,
+        state: JobState | None = None,
+        due_after: float | None = None,
+        due_before: float | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
+
+        One index range per state, merged here: ``limit`` rows read per state at most.
+        """
+        limit = check_limit(limit)
+        states = list(JobState) if state is None else [JobState(state)]
+        low = -math.inf if due_after is None else check_run_at(due_after, "due_after")
+        high = math.inf if due_before is None else check_run_at(due_before, "due_before")
+        rows: list[Row] = []
+        for one in states:
+            rows += self._read(
+                "listing jobs",
+                self._sql.list_by_state,
+                self._params(state=one.value, low=low, high=high, limit=limit),
+            )
+        rows.sort(key=lambda r: (r[3], r[15]))
+        return [to_job(r) for r in rows[:limit]]
+
+    def next_due(self: _Store) -> float | None:
+        rows = self._read("reading the next due time", self._sql.head, self._params())
+        return rows[0][0] if rows else None
+
+    def stats(self: _Store) -> Stats:
+        counts: dict[str, int] = dict(self._read("counting jobs", self._sql.stats, self._params()))
+        due = self._read("counting due jobs", self._sql.due_count, self._params())[0][0]
+        head = self._read("reading the next due time", self._sql.head, self._params())
+        return Stats(
+            scheduled=counts.get("scheduled", 0),
+            due=due,
+            running=counts.get("running", 0),
+            succeeded=counts.get("succeeded", 0),
+            dead=counts.get("dead", 0),
+            cancelled=counts.get("cancelled", 0),
+            skipped=counts.get("skipped", 0),
+            next_due=head[0][0] if head else None,
+        )
+
+    def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
+        limit = check_limit(limit)
+        rows = self._read("listing dead letters", self._sql.dead_letters, self._params(limit=limit))
+        return [to_job(r) for r in rows]
+
+    def purge_dead(
+        self: _Store, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
+    ) -> int:
+        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
+        ids = None if job_ids is None else [str(i) for i in job_ids]
+        bound = math.inf if older_than is None else check_run_at(older_than, "older_than")
+        rows = self._write(
+            "purging dead letters",
+            self._sql.purge_dead + " RETURNING 1",
+            self._params(older_than=bound, all=ids is None, ids=ids or []),
+        )
+        return len(rows)

@@ -1,0 +1,37 @@
+"""``delayq migrate``: create or upgrade a PostgreSQL store's schema by hand.
+
+Stores migrate themselves when opened (``migrate=True``, the default); run this
+before deploying a new delayq version when the application's database user may
+not create tables (open the stores with ``migrate=False`` then).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import psycopg
+
+from delayq.backends.postgres import schema as _schema
+from delayq.backends.postgres.connection import mapped, mask, split_url
+from delayq.errors import ConfigurationError
+
+__all__ = ["migrate_url"]
+
+
+def migrate_url(url: str | None) -> str:
+    """Migrate the schema named by ``url`` (``?schema=``, default ``delayq``); a report line."""
+    if url is None or urlsplit(url).scheme not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            f"delayq migrate is for postgresql:// stores (got {url and mask(url)!r}); "
+            f"the other stores create their schema when they are opened"
+        )
+    conninfo, options = split_url(url)
+    schema = _schema.check_schema_name(options.get("schema", _schema.DEFAULT_SCHEMA))
+    with (
+        mapped(mask(url), "migrating"),
+        psycopg.connect(conninfo, autocommit=True, application_name="delayq-migrate") as conn,
+    ):
+        before, after = _schema.migrate(conn, schema)
+    if before == after:
+        return f"schema {schema!r} is at version {after}: nothing to do"
+    return f"schema {schema!r} migrated from version {before} to {after}"

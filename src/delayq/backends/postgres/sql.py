@@ -1,0 +1,299 @@
+"""The SQL of the PostgreSQL store, one named statement per operation.
+
+Statements are built once per schema (:class:`Statements`) and take named
+parameters. ``%(q)s`` is always the queue. ``%(now)s`` is the caller's time
+(an injected test clock, or ``claim(now=...)``) or NULL, in which case
+:data:`NOW` is the server's clock: one clock decides "due" for every worker.
+
+The hot statements (claim, recover, complete, enqueue, head) and the
+dashboard's (get, list, stats, dead letters) search an index, never scan the
+table; ``tests/integration/test_postgres_store.py`` checks their plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delayq.backends.postgres.schema import quoted
+
+__all__ = ["COLUMNS", "CUTOFF", "NOW", "Statements"]
+
+NOW = "coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
+"""The time of a statement: the caller's ``now`` or the server's statement time.
+
+``statement_timestamp()`` is stable within a statement, so it can bound an index
+search (``clock_timestamp()`` is volatile and could not)."""
+
+CUTOFF = f"({NOW} - %(ttl)s::float8)"
+"""Finished records (succeeded, cancelled, skipped) updated at or before this are gone."""
+
+COLUMNS = (
+    "id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
+    "created_at, updated_at, last_error, outcome, lease_until, token, seq"
+)
+"""The columns every job-reading statement returns, in :func:`_rows.to_job` order."""
+
+_TTL = "('succeeded', 'cancelled', 'skipped')"
+
+
+# The lease-expiry messages of _common.lease_expired_error / lease_expired_note,
+# built by the server (format_time: ISO 8601 UTC with milliseconds). ``p`` is the
+# table alias the columns are read from.
+def _at(p: str) -> str:
+    return (
+        f"to_char(to_timestamp({p}lease_until) AT TIME ZONE 'UTC', "
+        f'\'YYYY-MM-DD"T"HH24:MI:SS.MS"+00:00"\')'
+    )
+
+
+def _expired_error(p: str) -> str:
+    return (
+        f"format('lease expired at %%s after %%s attempts (max_attempts=%%s): the worker "
+        f"holding it stopped or hung', {_at(p)}, {p}attempts, {p}max_attempts)"
+    )
+
+
+def _expired_note(p: str) -> str:
+    return (
+        f"format('lease expired at %%s during attempt %%s: the worker holding it stopped or "
+        f"hung; returned to the due set', {_at(p)}, {p}attempts)"
+    )
+
+
+# cancel / reschedule take effect on a scheduled job, and on a running one whose
+# lease ran out (it is not running any more) while it has attempts left...
+_TAKES_EFFECT = (
+    f"(t.state = 'scheduled' OR (t.state = 'running' AND t.lease_until <= {NOW} "
+    "AND t.attempts < t.max_attempts))"
+)
+# ...and with none left, it is buried as the next claim would have (then "finished").
+_BURY_EXPIRED = f"""b AS (
+                    UPDATE {{jobs}} j SET state = 'dead', last_error = {_expired_error("t.")},
+                        lease_until = NULL, updated_at = {NOW}
+                    FROM t
+                    WHERE j.queue = %(q)s AND j.id = t.id AND t.state = 'running'
+                      AND t.lease_until <= {NOW} AND t.attempts >= t.max_attempts
+                    RETURNING j.id)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """Every statement of the store for one schema (see the module docstring)."""
+
+    schema: str
+    insert: str
+    head_check: str
+    notify: str
+    recover: str
+    claim: str
+    purge: str
+    purge_dead_letters: str
+    complete: str
+    stale: str
+    extend: str
+    cancel: str
+    reschedule: str
+    requeue: str
+    get: str
+    list_by_state: str
+    head: str
+    wake_times: str
+    stats: str
+    due_count: str
+    dead_letters: str
+    purge_dead: str
+
+    @classmethod
+    def build(cls, schema: str) -> Statements:
+        jobs = f"{quoted(schema)}.jobs"
+        tokens = f"{quoted(schema)}.tokens"
+        not_expired = f"NOT (state IN {_TTL} AND updated_at <= {CUTOFF})"
+        return cls(
+            schema=schema,
+            # enqueue: the specs as parallel arrays, due at run_at or NOW + delay. A
+            # unique violation fails the whole statement (nothing stored); the store
+            # then decides reject / keep / replace row by row.
+            insert=f"""
+                INSERT INTO {jobs} (queue, id, name, payload, run_at, state, max_attempts,
+                                    backoff, misfire, created_at, updated_at)
+                SELECT %(q)s, v.id, v.name, v.payload,
+                       CASE WHEN v.delay IS NULL THEN v.run_at
+                            ELSE {NOW} + greatest(v.delay, 0) END,
+                       'scheduled', v.max_attempts, v.backoff, v.misfire,
+                       CASE WHEN v.created_at > 0 THEN v.created_at ELSE {NOW} END, {NOW}
+                FROM unnest(%(ids)s::text[], %(names)s::text[], %(payloads)s::text[],
+                            %(run_ats)s::float8[], %(delays)s::float8[],
+                            %(max_attempts)s::int[], %(backoffs)s::text[],
+                            %(misfires)s::text[], %(created)s::float8[])
+                     WITH ORDINALITY AS v(id, name, payload, run_at, delay, max_attempts,
+                                          backoff, misfire, created_at, ord)
+                ORDER BY v.ord
+                RETURNING id, run_at""",
+            # After a commit that scheduled something due at %(at)s: wake the
+            # listeners if nothing scheduled is earlier (they sleep until the head).
+            head_check=f"""
+                SELECT pg_notify(%(channel)s, %(at)s::text)
+                WHERE NOT EXISTS (SELECT 1 FROM {jobs}
+                                  WHERE queue = %(q)s AND state = 'scheduled'
+                                    AND run_at < %(at)s)""",
+            # Inside a caller's transaction: fires on its commit, never on rollback.
+            notify="SELECT pg_notify(%(channel)s, %(at)s::text)",
+            # Expired leases: back to the due set at their lease end, or buried when
+            # their attempts are used up. Bounded per call; SKIP LOCKED so two
+            # workers never wait on each other here.
+            recover=f"""
+                UPDATE {jobs} j SET
+                    state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead'
+                                 ELSE 'scheduled' END,
+                    run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at
+                                  ELSE j.lease_until END,
+                    last_error = CASE WHEN j.attempts >= j.max_attempts
+                                      THEN {_expired_error("j.")}
+                                      ELSE {_expired_note("j.")} END,
+                    lease_until = NULL,
+                    updated_at = {NOW}
+                WHERE (j.queue, j.id) IN (
+                    SELECT queue, id FROM {jobs}
+                    WHERE queue = %(q)s AND state = 'running' AND lease_until <= {NOW}
+                    ORDER BY lease_until LIMIT %(max_recover)s
+                    FOR UPDATE SKIP LOCKED)""",
+            # The claim: due jobs in (run_at, seq) order, locked with SKIP LOCKED and
+            # leased with a fresh fencing token in the same statement.
+            claim=f"""
+                WITH due AS (
+                    SELECT id FROM {jobs}
+                    WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}
+                    ORDER BY run_at, seq
+                    LIMIT %(limit)s
+                    FOR UPDATE SKIP LOCKED)
+                UPDATE {jobs} j SET
+                    state = 'running', attempts = j.attempts + 1,
+                    token = nextval('{tokens}'),
+                    lease_until = {NOW} + %(lease)s, updated_at = {NOW}
+                FROM due
+                WHERE j.queue = %(q)s AND j.id = due.id
+                RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
+                          j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
+                          j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+            # Finished records past result_ttl (dead letters past dead_ttl), a
+            # bounded batch at a time.
+            purge=f"""
+                DELETE FROM {jobs}
+                WHERE (queue, id) IN (
+                    SELECT queue, id FROM {jobs}
+                    WHERE queue = %(q)s AND state IN {_TTL} AND updated_at <= {CUTOFF}
+                    LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
+            purge_dead_letters=f"""
+                DELETE FROM {jobs}
+                WHERE (queue, id) IN (
+                    SELECT queue, id FROM {jobs}
+                    WHERE queue = %(q)s AND state = 'dead'
+                      AND updated_at <= {NOW} - %(dead_ttl)s::float8
+                    LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
+            # A batch of completions; kind is succeeded / skipped (ack), dead (bury),
+            # retry or release. Applied only where the fencing token is current.
+            complete=f"""
+                WITH v AS (
+                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
+                                         %(kinds)s::text[], %(run_ats)s::float8[],
+                                         %(texts)s::text[])
+                        AS v(id, token, kind, run_at, text))
+                UPDATE {jobs} j SET
+                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
+                                 ELSE v.kind END,
+                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
+                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
+                                    ELSE j.attempts END,
+                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
+                                      -- a release keeps an earlier attempt's error
+                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
+                                      THEN j.last_error
+                                      ELSE v.text END,
+                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
+                                   ELSE j.outcome END,
+                    lease_until = NULL,
+                    updated_at = {NOW}
+                FROM v
+                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                  AND j.state = 'running'
+                RETURNING j.id, j.token, j.run_at, v.kind""",
+            stale=f"SELECT id, state, token FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)",
+            extend=f"""
+                UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
+                WHERE queue = %(q)s AND id = %(id)s AND token = %(token)s AND state = 'running'
+                RETURNING lease_until, updated_at""",
+            # cancel / reschedule: the row locked, then changed only if it is
+            # scheduled or running under an expired lease (then it is not running).
+            cancel=f"""
+                WITH t AS (
+                    SELECT id, state, attempts, max_attempts, lease_until, updated_at
+                    FROM {jobs} WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
+                u AS (
+                    UPDATE {jobs} j SET state = 'cancelled', outcome = 'cancelled',
+                        lease_until = NULL, updated_at = {NOW}
+                    FROM t
+                    WHERE j.queue = %(q)s AND j.id = t.id AND {_TAKES_EFFECT}
+                    RETURNING j.id),
+                {_BURY_EXPIRED.format(jobs=jobs)}
+                SELECT t.state, t.attempts, t.state IN {_TTL} AND t.updated_at <= {CUTOFF},
+                       EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM b) FROM t""",
+            reschedule=f"""
+                WITH t AS (
+                    SELECT id, state, attempts, max_attempts, lease_until, updated_at
+                    FROM {jobs} WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
+                u AS (
+                    UPDATE {jobs} j SET state = 'scheduled',
+                        run_at = coalesce(%(run_at)s::float8, {NOW} + %(delay)s::float8),
+                        last_error = CASE WHEN t.state = 'running'
+                                          THEN {_expired_note("t.")}
+                                          ELSE j.last_error END,
+                        lease_until = NULL, updated_at = {NOW}
+                    FROM t
+                    WHERE j.queue = %(q)s AND j.id = t.id AND {_TAKES_EFFECT}
+                    RETURNING j.run_at),
+                {_BURY_EXPIRED.format(jobs=jobs)}
+                SELECT t.state, t.attempts, t.state IN {_TTL} AND t.updated_at <= {CUTOFF},
+                       (SELECT run_at FROM u), EXISTS (SELECT 1 FROM b) FROM t""",
+            requeue=f"""
+                UPDATE {jobs} SET state = 'scheduled', attempts = 0,
+                    run_at = coalesce(%(run_at)s::float8, {NOW} + %(delay)s::float8),
+                    outcome = NULL, lease_until = NULL, updated_at = {NOW}
+                WHERE queue = %(q)s AND id = %(id)s AND state = 'dead'
+                RETURNING run_at""",
+            get=f"SELECT {COLUMNS} FROM {jobs} WHERE queue = %(q)s AND id = %(id)s "
+            f"AND {not_expired}",
+            # list_jobs of one state (the dashboard's list of every state is a
+            # merge of these, one index range each).
+            list_by_state=f"""
+                SELECT {COLUMNS} FROM {jobs}
+                WHERE queue = %(q)s AND state = %(state)s
+                  AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
+                ORDER BY run_at, seq LIMIT %(limit)s""",
+            head=f"""
+                SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
+                ORDER BY run_at, seq LIMIT 1""",
+            # What a waiter sleeps toward: the head, the next lease end, and "now".
+            wake_times=f"""
+                SELECT (SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
+                        ORDER BY run_at, seq LIMIT 1),
+                       (SELECT lease_until FROM {jobs} WHERE queue = %(q)s
+                        AND state = 'running' ORDER BY lease_until LIMIT 1),
+                       {NOW}""",
+            # One index-only count per state (each a range of jobs_due).
+            stats=f"""
+                SELECT s.state, (SELECT count(*) FROM {jobs} j
+                                 WHERE j.queue = %(q)s AND j.state = s.state
+                                   AND NOT (j.state IN {_TTL} AND j.updated_at <= {CUTOFF}))
+                FROM unnest(ARRAY['scheduled', 'running', 'succeeded', 'dead', 'cancelled',
+                                  'skipped']) AS s(state)""",
+            due_count=f"""
+                SELECT count(*) FROM {jobs}
+                WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}""",
+            dead_letters=f"""
+                SELECT {COLUMNS} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
+                ORDER BY updated_at DESC, seq DESC LIMIT %(limit)s""",
+            purge_dead=f"""
+                DELETE FROM {jobs}
+                WHERE queue = %(q)s AND state = 'dead' AND updated_at < %(older_than)s
+                  AND (%(all)s OR id = ANY(%(ids)s))""",
+        )

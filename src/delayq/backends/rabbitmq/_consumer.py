@@ -1,0 +1,377 @@
+"""The consumer thread: deliveries held unacked until their local deadline, acks sent back.
+
+The broker pushes a message to the ready queue once its level TTLs have
+passed, which is ``local`` seconds (less than 1.024 s, see ``_topology.py``)
+before it is due. The consumer's I/O thread owns one connection and channel
+(``basic.qos`` prefetch bounds what it holds) and puts each delivery in a heap
+keyed by its local deadline: the delivery instant on this host's monotonic
+clock plus ``local``. Because the levels held the message for at least its
+broker part, and the local part is measured from the delivery, a job is never
+handed out early, whatever the hosts' wall clocks say.
+
+Other threads never touch the channel: they take due deliveries from the heap
+(:meth:`Consumer.take_due`) and settle them (ack, or nack to requeue) with
+:meth:`Consumer.settle`, which runs on the I/O thread through pika's
+``add_callback_threadsafe`` and waits for it.
+
+When the connection is lost, every delivery it held goes back to the broker:
+the heap is emptied, the generation counter moves on (so claims taken under
+the old connection are stale), and the thread reconnects with a growing pause.
+An idle consumer only answers heartbeats.
+
+A busy worker must not sit on due jobs another worker could run: when a
+delivery has been due for ``HANDBACK`` seconds without a claim and the queue
+has another consumer, the consumer stops consuming and publishes everything it
+holds back to the ready queue (each copy keeping the local wait it had left),
+acking the originals; its next claim consumes again. Publishing a copy rather
+than returning the message keeps a quorum queue's delivery count, which counts
+attempts, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from delayq.backends.rabbitmq._connection import Settings, connect
+from delayq.backends.rabbitmq._message import CONTENT_TYPE, JobMessage, decode, encode
+from delayq.backends.rabbitmq._topology import Topology, ready_key
+from delayq.clock import SYSTEM_CLOCK
+from delayq.errors import DelayqError
+
+__all__ = ["RETURNS", "Consumer", "Delivery"]
+
+RETURNS = "x-delayq-returns"
+"""Header of a handed-back copy: the returns its original had counted."""
+
+log = logging.getLogger("delayq.rabbitmq")
+
+SETTLE_TIMEOUT = 30.0
+"""Seconds a settle waits for the I/O thread (it answers in well under one normally)."""
+
+HANDBACK = 0.5
+"""A delivery due this long that no claim took (its worker is busy) is handed back to the
+queue for another worker, when the queue has another consumer."""
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message held unacked by this consumer."""
+
+    tag: int
+    generation: int  # the connection it came on (tags are per channel)
+    body: bytes
+    returns: int  # earlier deliveries that ended without an ack (a crash, a lost connection)
+    message: JobMessage | None  # None when the body cannot be read
+    error: str | None = None  # why it cannot be read
+    due: float = 0.0  # local deadline, monotonic seconds
+
+
+@dataclass(slots=True)
+class _Settle:
+    items: Sequence[tuple[Delivery, bool]]  # (delivery, requeue)
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[bool] = field(default_factory=list)
+
+
+class Consumer:
+    """Consumes one ready queue on its own thread (see the module docstring).
+
+    Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_generation``,
+    ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused``,
+    ``_pending`` and ``_closed``.
+    ``_generation`` and ``_channel`` change only on the I/O thread. No user
+    code runs under the lock, and the I/O thread never waits for other threads.
+    """
+
+    def __init__(self, settings: Settings, topology: Topology) -> None:
+        self._settings = settings
+        self._topology = topology
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Delivery]] = []
+        self._seq = itertools.count()
+        self._generation = 0
+        self._wake_gen = 0
+        self._connection: Any = None
+        self._channel: Any = None
+        self._pending: list[_Settle] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._stop_wait = threading.Event()
+        self._handback_channel: Any = None  # I/O thread only
+        self._consumer_tag = ""
+        self._paused = False  # consuming stopped by a hand-back, until the next claim
+        self.connected = threading.Event()
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        """Start the I/O thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"delayq-rabbitmq-{self._settings.queue}", daemon=True
+            )
+            self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread: deliveries no claim took are published back (a failure to do so
+        leaves them to the broker, which returns them when the connection closes), then
+        the connection closes, returning the claimed deliveries not finished."""
+        with self._cond:
+            self._closed = True
+            connection = self._connection
+            thread = self._thread
+            self._wake_gen += 1
+            self._cond.notify_all()
+        self._stop_wait.set()
+        if connection is not None:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError, RuntimeError):
+                connection.add_callback_threadsafe(lambda: None)  # wake the loop
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def _run(self) -> None:
+        pause = 0.1
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+            connection: Any = None
+            try:
+                connection = connect(self._settings, name="consumer")
+                channel = connection.channel()
+                channel.basic_qos(prefetch_count=self._settings.prefetch)
+                tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
+                handback = connection.channel()
+                handback.confirm_delivery()
+                self._handback_channel = handback
+                connection.call_later(HANDBACK, self._hand_back)
+                with self._cond:
+                    self._generation += 1
+                    self._connection, self._channel = connection, channel
+                    self._consumer_tag, self._paused = tag, False
+                self.connected.set()
+                pause = 0.1
+                while connection.is_open:
+                    with self._cond:
+                        if self._closed:
+                            break
+                    connection.process_data_events(time_limit=None)
+                if connection.is_open:
+                    self._give_back(channel)
+            except (pika.exceptions.AMQPError, OSError, DelayqError) as exc:
+                with self._cond:
+                    closed = self._closed
+                if not closed:
+                    log.warning(
+                        "RabbitMQ consumer of %s lost its connection (%r); reconnecting in %.1fs",
+                        self._settings.queue,
+                        exc,
+                        pause,
+                    )
+            finally:
+                self._disconnected(connection)
+            if self._stop_wait.wait(pause):
+                return
+            pause = min(5.0, pause * 2)
+
+    def _disconnected(self, connection: Any) -> None:
+        """Forget every delivery of the lost connection; fail the settles still pending."""
+        self.connected.clear()
+        with self._cond:
+            self._generation += 1
+            self._heap.clear()
+            self._connection = self._channel = None
+            pending, self._pending = self._pending, []
+            self._wake_gen += 1
+            self._cond.notify_all()
+        for settle in pending:
+            settle.done.set()  # results stay short: those entries count as not settled
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                connection.close()
+
+    # -- I/O thread callbacks ----------------------------------------------------
+    def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        headers = properties.headers or {}
+        count = headers.get("x-delivery-count")  # quorum queues count returns
+        returns = int(count) if isinstance(count, int) else (1 if method.redelivered else 0)
+        earlier = headers.get(RETURNS)  # returns before a hand-back (it restarts the count)
+        returns += int(earlier) if isinstance(earlier, int) else 0
+        try:
+            message: JobMessage | None = decode(body)
+            error = None
+        except (ValueError, TypeError, KeyError) as exc:
+            message, error = None, f"{type(exc).__name__}: {exc}"
+        now = SYSTEM_CLOCK.monotonic()
+        due = now + (message.local if message is not None else 0.0)
+        with self._cond:
+            delivery = Delivery(
+                method.delivery_tag, self._generation, body, returns, message, error, due
+            )
+            first = not self._heap or due < self._heap[0][0]
+            heapq.heappush(self._heap, (due, next(self._seq), delivery))
+            if first:
+                self._wake_gen += 1
+                self._cond.notify_all()
+
+    def _hand_back(self) -> None:
+        """Pause consuming and publish back everything held, when a delivery has been due
+        for HANDBACK seconds without a claim and the queue has another consumer."""
+        with self._cond:
+            channel, connection = self._channel, self._connection
+            if channel is None or self._closed:
+                return
+            now = SYSTEM_CLOCK.monotonic()
+            stale = bool(self._heap) and self._heap[0][0] <= now - HANDBACK and not self._paused
+        if stale:
+            others = channel.queue_declare(self._topology.ready_queue, passive=True)
+            if others.method.consumer_count > 1:
+                channel.basic_cancel(self._consumer_tag)
+                with self._cond:
+                    self._paused = True
+                    held = [entry[2] for entry in sorted(self._heap)]
+                    self._heap.clear()
+                for delivery in held:
+                    self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+        connection.call_later(HANDBACK / 2, self._hand_back)
+
+    def _publish_back(self, channel: Any, delivery: Delivery, local: float) -> None:
+        """A copy to the ready queue (``local`` seconds still to wait), then ack the original."""
+        if delivery.message is None:
+            channel.basic_nack(delivery.tag, requeue=True)  # a claim buries it
+            return
+        headers = {RETURNS: delivery.returns} if delivery.returns else None
+        self._handback_channel.basic_publish(
+            self._topology.ready_exchange,
+            ready_key(self._topology),
+            encode(replace(delivery.message, local=local)),
+            pika.BasicProperties(
+                delivery_mode=2,
+                content_type=CONTENT_TYPE,
+                message_id=delivery.message.id,
+                headers=headers,
+            ),
+            mandatory=True,
+        )
+        channel.basic_ack(delivery.tag)
+
+    def _give_back(self, channel: Any) -> None:
+        """On close: stop consuming and publish back what no claim took, each with the
+        local wait it had left, so a worker that stops costs those jobs no attempt."""
+        channel.basic_cancel(self._consumer_tag)
+        now = SYSTEM_CLOCK.monotonic()
+        with self._cond:
+            held = [entry[2] for entry in sorted(self._heap)]
+            self._heap.clear()
+        for delivery in held:
+            self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+
+    def _resume(self) -> None:
+        with self._cond:
+            channel, paused = self._channel, self._paused
+        if channel is not None and paused:
+            tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
+            with self._cond:
+                self._consumer_tag, self._paused = tag, False
+
+    def resume(self) -> None:
+        """Consume again after a hand-back paused it (the worker has room for jobs now)."""
+        with self._cond:
+            connection = self._connection if self._paused else None
+        if connection is not None:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError, RuntimeError):
+                connection.add_callback_threadsafe(self._resume)
+
+    def _do_settle(self, settle: _Settle) -> None:
+        with self._cond:
+            if settle in self._pending:
+                self._pending.remove(settle)
+            channel, generation = self._channel, self._generation
+        try:
+            for delivery, requeue in settle.items:
+                ok = channel is not None and delivery.generation == generation
+                if ok:
+                    if requeue:
+                        channel.basic_nack(delivery.tag, requeue=True)
+                    else:
+                        channel.basic_ack(delivery.tag)
+                settle.results.append(ok)
+        finally:
+            settle.done.set()
+
+    # -- any thread ----------------------------------------------------------------
+    def settle(self, items: Sequence[tuple[Delivery, bool]]) -> list[bool]:
+        """Ack (``requeue=False``) or return (``True``) deliveries; True where it was done.
+
+        False means the delivery's connection is gone: the broker has already
+        returned the message to the queue.
+        """
+        if not items:
+            return []
+        settle = _Settle(items)
+        with self._cond:
+            connection = self._connection
+            if connection is not None:
+                self._pending.append(settle)
+        if connection is None:
+            return [False] * len(items)
+        try:
+            connection.add_callback_threadsafe(lambda: self._do_settle(settle))
+        except (pika.exceptions.AMQPError, OSError, RuntimeError):
+            return [False] * len(items)
+        settle.done.wait(SETTLE_TIMEOUT)
+        results = list(settle.results)
+        return results + [False] * (len(items) - len(results))
+
+    def take_due(self, limit: int, now: float) -> list[Delivery]:
+        """Up to ``limit`` deliveries due by ``now`` (monotonic), earliest first."""
+        taken: list[Delivery] = []
+        with self._cond:
+            heap = self._heap
+            while heap and len(taken) < limit and heap[0][0] <= now:
+                taken.append(heapq.heappop(heap)[2])
+        return taken
+
+    def wait(self, deadline: float, extra: Callable[[], float | None]) -> None:
+        """Block until a delivery is due, an earlier one arrives, ``interrupt``, ``extra()``
+        (another monotonic deadline, read under the lock) passes, or ``deadline``."""
+        clock = SYSTEM_CLOCK
+        with self._cond:
+            gen = self._wake_gen
+            while not self._closed and self._wake_gen == gen:
+                now = clock.monotonic()
+                until = deadline
+                if self._heap:
+                    until = min(until, self._heap[0][0])
+                other = extra()
+                if other is not None:
+                    until = min(until, other)
+                if until <= now:
+                    return
+                clock.wait(self._cond, until - now)
+
+    def interrupt(self) -> None:
+        with self._cond:
+            self._wake_gen += 1
+            self._cond.notify_all()
+
+    def buffered(self) -> int:
+        """How many deliveries wait for their local deadline (for tests and stats)."""
+        with self._cond:
+            return len(self._heap)
