@@ -123,12 +123,13 @@ def _echo_json(data: Any) -> None:
 
 # -- time parsing and display ----------------------------------------------------------
 def parse_when(text: str, *, now: float, field: str) -> float:
-    """``now``, ``+10m`` / ``-1h`` (relative), an ISO 8601 time with an offset, or
-    epoch seconds, as epoch seconds."""
+    """``now``, ``+10m`` / ``-1h`` / ``+30`` (relative: a sign always means "from
+    now", a bare number of seconds included), an ISO 8601 time with an offset,
+    or unsigned epoch seconds, as epoch seconds."""
     value = text.strip()
     if value == "now":
         return now
-    if value[:1] in "+-" and value[1:2].isdigit() and not _is_number(value):
+    if value[:1] in "+-" and value[1:2].isdigit():
         try:
             seconds = parse_duration(value[1:])
         except InvalidInput as exc:
@@ -344,6 +345,7 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
@@ -362,6 +364,7 @@ def worker(
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    web_port: int | None,
     log_format: str,
 ) -> None:
     """Run the handlers of the DelayQ app TARGET ('package.module:app').
@@ -378,6 +381,7 @@ def worker(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             log_format="json" if log_format == "json" else "text",
+            web_port=web_port,
         )
         w = Worker(
             app,
@@ -426,7 +430,13 @@ def worker(
 
 # -- producers ---------------------------------------------------------------------------
 def _when_options(fn: F) -> F:
-    fn = click.option("--at", "at", metavar="WHEN", help="Due time: ISO 8601, '+10m', epoch.")(fn)
+    fn = click.option(
+        "--at",
+        "at",
+        metavar="WHEN",
+        help="Due time: 'now', '+30' or '+10m' (from now), ISO 8601 with an offset, or "
+        "epoch seconds.",
+    )(fn)
     fn = click.option("--delay", metavar="DURATION", help="Due after e.g. 30s, 5m, 24h.")(fn)
     return fn
 

@@ -49,15 +49,23 @@ def test_sqlite_rolls_back_a_batch_that_fails_after_its_first_entry(tmp_path: Pa
             if sql.lstrip().upper().startswith("UPDATE DELAYQ_JOBS"):
                 updates.append(sql)
 
+        interrupted: list[bool] = []
+
+        def interrupt_once() -> int:  # the second UPDATE fails; the ROLLBACK may run
+            if len(updates) >= 2 and not interrupted:
+                interrupted.append(True)
+                return 1
+            return 0
+
         conn.set_trace_callback(trace)
-        conn.set_progress_handler(lambda: 1 if len(updates) >= 2 else 0, 1)
+        conn.set_progress_handler(interrupt_once, 1)
         try:
             with pytest.raises(BackendError):
                 backend.complete(batch)
         finally:
             conn.set_progress_handler(None, 1)
             conn.set_trace_callback(None)
-        assert len(updates) >= 2  # the first entry had been written when it failed
+        assert interrupted and len(updates) >= 2  # the first entry was written when it failed
 
         for claim in claims:  # nothing of the batch stayed
             job = backend.get(claim.job.id)
