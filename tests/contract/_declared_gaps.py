@@ -29,7 +29,6 @@ SKIPPED: dict[str, frozenset[str]] = {
             # cancel; no schedule records
             "test_a_chain_makes_one_job_per_occurrence_however_often_ticks_run",
             "test_a_concurrent_reader_sees_a_batch_all_applied_or_not_at_all",
-            "test_a_job_cancelled_before_it_is_due_never_comes",
             "test_a_live_lease_is_still_running",
             "test_a_new_record_starts_at_version_1_and_reads_back",
             "test_a_retry_in_a_batch_wakes_a_waiter_when_it_becomes_the_earliest_job",
