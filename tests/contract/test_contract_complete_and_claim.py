@@ -3,7 +3,9 @@ trip where the store allows it). Every test runs against every store.
 
 ``complete_and_claim`` has no ``now=``: the jobs here are due an hour before the
 test clock's time, so they are due on any store's clock (the FakeClock's, or a
-server's real one, which is later still).
+server's real one, which is later still). A broker delivers due jobs a moment
+after they are stored, so on a store without the ``clock`` feature the claims
+are topped up with ``claim`` (which waits for the arrivals in real-time mode).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 
 from delayq.backends.base import Backend, Completion
 from delayq.errors import InvalidOption, StaleClaim
-from delayq.job import JobState
+from delayq.job import Claim, JobState
 from delayq.testing import FakeClock
 from tests.contract._support import spec
 from tests.contract.test_contract import LEASE, claim_all, ids, state_of
@@ -25,6 +27,13 @@ def due_jobs(backend: Backend, clock: FakeClock, n: int) -> float:
     return past
 
 
+def topped_up(backend: Backend, claims: list[Claim], limit: int, now: float) -> list[Claim]:
+    """``claims`` plus what a real-time store delivers a moment later, up to ``limit``."""
+    if "clock" in backend.features or len(claims) >= limit:
+        return claims
+    return claims + claim_all(backend, now, limit=limit - len(claims))
+
+
 def test_it_records_the_batch_then_claims_the_next_jobs_in_due_order(
     backend: Backend, clock: FakeClock
 ) -> None:
@@ -33,16 +42,18 @@ def test_it_records_the_batch_then_claims_the_next_jobs_in_due_order(
     answers, claims = backend.complete_and_claim(
         [Completion.ack(c) for c in first], limit=2, lease=LEASE
     )
+    claims = topped_up(backend, claims, 2, past + 1)
     assert answers == [None, None]
     assert ids(claims) == ["j2", "j3"]
-    assert [state_of(backend, f"j{i}") for i in range(5)] == [
-        JobState.SUCCEEDED,
-        JobState.SUCCEEDED,
-        JobState.RUNNING,
-        JobState.RUNNING,
-        JobState.SCHEDULED,
-    ]
     assert all(c.attempt == 1 for c in claims)
+    if "inspect" in backend.features:
+        assert [state_of(backend, f"j{i}") for i in range(5)] == [
+            JobState.SUCCEEDED,
+            JobState.SUCCEEDED,
+            JobState.RUNNING,
+            JobState.RUNNING,
+            JobState.SCHEDULED,
+        ]
     assert len({c.token for c in [*first, *claims]}) == 4  # fresh fencing tokens
 
 
@@ -51,14 +62,17 @@ def test_a_limit_of_zero_only_records(backend: Backend, clock: FakeClock) -> Non
     [first] = claim_all(backend, past + 1, limit=1)
     answers, claims = backend.complete_and_claim([Completion.ack(first)], limit=0, lease=LEASE)
     assert (answers, claims) == ([None], [])
-    assert state_of(backend, "j0") is JobState.SUCCEEDED
-    assert backend.stats().running == 0
+    if "inspect" in backend.features:
+        assert state_of(backend, "j0") is JobState.SUCCEEDED
+        assert backend.stats().running == 0
+    # The acked job is not claimed again; the two others are.
+    assert sorted(ids(claim_all(backend, past + 1, limit=2))) == ["j1", "j2"]
 
 
 def test_an_empty_batch_only_claims(backend: Backend, clock: FakeClock) -> None:
-    due_jobs(backend, clock, 2)
-    answers, claims = backend.complete_and_claim([], limit=5, lease=LEASE)
-    assert answers == [] and ids(claims) == ["j0", "j1"]
+    past = due_jobs(backend, clock, 2)
+    answers, claims = backend.complete_and_claim([], limit=2, lease=LEASE)
+    assert answers == [] and ids(topped_up(backend, claims, 2, past + 1)) == ["j0", "j1"]
 
 
 def test_a_stale_entry_is_reported_and_the_rest_still_applies_and_claims(
@@ -68,11 +82,13 @@ def test_a_stale_entry_is_reported_and_the_rest_still_applies_and_claims(
     a, b = claim_all(backend, past + 1, limit=2)
     backend.complete([Completion.ack(a)])  # a's token is spent
     answers, claims = backend.complete_and_claim(
-        [Completion.ack(a), Completion.retry(b, past, "boom")], limit=1, lease=LEASE
+        [Completion.ack(a), Completion.retry(b, past, "boom")], limit=2, lease=LEASE
     )
     assert isinstance(answers[0], StaleClaim) and answers[1] is None
-    assert ids(claims) == ["j1"]  # retried due at once, ahead of j2
-    assert claims[0].attempt == 2
+    claims = topped_up(backend, claims, 2, past + 1)
+    # The retried job (due at once) and the next one; their order is claim's own rule.
+    assert sorted(ids(claims)) == ["j1", "j2"]
+    assert {c.job.id: c.attempt for c in claims} == {"j1": 2, "j2": 1}
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True])
