@@ -27,6 +27,10 @@ The delays start at 10 s so that nothing fires while a million schedules
 run: asyncio's loop cannot run callbacks during a synchronous loop, while a
 wheel's driver and pool would (their cost is the lateness table's).
 
+The collector's share: schedule_after's CPU time with the garbage collector
+on and off (medians of 3 interleaved rounds), at 200k and 1M pending (a pending wheel timer is
+one object the collector tracks, an asyncio one two).
+
 Memory: tracemalloc growth while N = 200,000 timers scheduled with
 ``schedule_after`` are pending, divided by N: the handle, its deadline float
 and the timer's own structure (the caller's list of handles is allocated
@@ -181,6 +185,62 @@ def run_schedule_cancel(cfg: Config, log: Callable[[str], None]) -> list[Result]
     return results
 
 
+# -- the collector's share -------------------------------------------------------------------
+def _after_cpu(make: Callable[[], Any], delays: list[float]) -> float:
+    with make() as timer:
+        schedule_after = timer.schedule_after
+        gc.collect()
+        t = cpu_time()
+        handles = [schedule_after(d, _noop) for d in delays]
+        seconds = cpu_time() - t
+        assert len(handles) == len(delays)
+        timer.stop(wait=False)
+    return seconds
+
+
+def _asyncio_after_cpu(delays: list[float]) -> float:
+    async def body() -> float:
+        loop = asyncio.get_running_loop()
+        call_later = loop.call_later
+        gc.collect()
+        t = cpu_time()
+        handles = [call_later(d, _noop) for d in delays]
+        seconds = cpu_time() - t
+        for handle in handles:
+            handle.cancel()
+        return seconds
+
+    return asyncio.run(body())
+
+
+def gc_share(cfg: Config, log: Callable[[str], None]) -> list[tuple[str, int, float]]:
+    """(peer, N, share of schedule_after's CPU time spent in the collector), from
+    rounds with the collector on and off, interleaved (medians of up to 3), at
+    each size from 200k up."""
+    out: list[tuple[str, int, float]] = []
+    for size in (s for s in cfg.sizes if s >= 200_000):
+        rng = random.Random(size)
+        delays = [rng.uniform(10.0, 70.0) for _ in range(size)]
+        for name, measure in (
+            ("TimingWheel (1 ms, 20 slots)", lambda d: _after_cpu(TimingWheel, d)),
+            ("HashedWheelTimer (10 ms, 512 slots)", lambda d: _after_cpu(HashedWheelTimer, d)),
+            (ASYNCIO, _asyncio_after_cpu),
+        ):
+            log(f"collector share: {name}, {size:,} pending")
+            ons: list[float] = []
+            offs: list[float] = []
+            for _ in range(min(cfg.rounds, 3)):
+                ons.append(measure(delays))
+                gc.disable()
+                try:
+                    offs.append(measure(delays))
+                finally:
+                    gc.enable()
+            share = 1.0 - statistics.median(offs) / statistics.median(ons)
+            out.append((name, size, max(0.0, share)))
+    return out
+
+
 # -- memory -------------------------------------------------------------------------------
 def delayq_memory(make: Callable[[], Any], delays: list[float]) -> float:
     handles: list[Any] = [None] * len(delays)
@@ -322,6 +382,7 @@ def _rate(n: float, seconds: float) -> str:
 
 def render(
     results: list[Result],
+    shares: list[tuple[str, int, float]],
     memory: dict[str, float],
     lateness: list[tuple[str, float, list[float]]],
     cfg: Config,
@@ -358,6 +419,16 @@ def render(
                     f"{r.name} at {size:,}: {min(ratio_after, ratio_at):.2f}x asyncio, "
                     f"target >= 2x {'met' if ok else 'MISSED'}"
                 )
+    if shares:
+        lines += [
+            "",
+            "The collector's share of schedule_after's CPU time (medians of rounds with gc "
+            "on and off)",
+            "",
+            "| pending | timer | share |",
+            "| ---: | --- | ---: |",
+        ]
+        lines += [f"| {size:,} | {name} | {share:.0%} |" for name, size, share in shares]
     lines += [
         "",
         f"Memory: bytes per pending timer, {cfg.memory_timers:,} scheduled with schedule_after "
@@ -424,9 +495,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("In-process timers" + (" (quick)" if args.quick else ""))
     load_start = _load()
     results = run_schedule_cancel(cfg, log)
+    shares = gc_share(cfg, log)
     memory = run_memory(cfg, log)
     lateness = run_lateness(cfg, log)
-    print(render(results, memory, lateness, cfg, (load_start, _load())))
+    print(render(results, shares, memory, lateness, cfg, (load_start, _load())))
     return 0
 
 
