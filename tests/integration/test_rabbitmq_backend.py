@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from delayq import DelayQ
+from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
 from delayq.cli import cli
 from delayq.clock import SYSTEM_CLOCK
@@ -19,13 +20,20 @@ from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,
     InvalidDelay,
+    InvalidInput,
     InvalidPayload,
     StaleClaim,
     Unsupported,
 )
 from delayq.job import Claim, JobSpec, JobState
 from tests._util import wait_until
-from tests.rabbitmq_support import AMQP_URL, delete_queues, unique_queue, vhost_url
+from tests.rabbitmq_support import (
+    AMQP_URL,
+    close_connections,
+    delete_queues,
+    unique_queue,
+    vhost_url,
+)
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -111,7 +119,7 @@ def test_an_expired_lease_returns_the_job_with_the_next_attempt_and_the_old_clai
     [first] = claim_within(backend, 1, lease=0.2)
     [second] = claim_within(backend, 1)
     assert second.job.id == "slow" and second.attempt == 2
-    assert second.job.last_error is not None and "returned to the queue" in second.job.last_error
+    assert second.job.last_error is not None and "lease expired" in second.job.last_error
     with pytest.raises(StaleClaim):
         backend.ack(first)
     backend.ack(second)
@@ -261,3 +269,64 @@ def test_the_command_line_schedules_and_reads_dead_letters(queue: str) -> None:
     assert listed.exit_code == 0, listed.output
     stats = runner.invoke(cli, ["--url", url, "stats"])
     assert stats.exit_code != 0 and "Unsupported" in stats.output
+
+
+def test_a_busy_handle_hands_its_due_jobs_to_another_without_using_an_attempt(
+    queue: str,
+) -> None:
+    busy = RabbitMQBackend(vhost_url(), queue=queue)
+    idle = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        busy.enqueue([job(f"j{i}", 0) for i in range(5)])
+        [first] = claim_within(busy, 1)  # then it claims nothing more: it is busy
+        assert wait_until(lambda: busy._consumer.buffered() == 4, timeout=10)
+        others = claim_within(idle, 4, timeout=15)
+        assert sorted(c.job.id for c in others) == sorted(
+            {f"j{i}" for i in range(5)} - {first.job.id}
+        )
+        assert {c.attempt for c in others} == {1}
+        idle.complete([Completion.ack(c) for c in others])
+        busy.ack(first)
+    finally:
+        busy.close()
+        idle.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        JobSpec(id="", name="x", payload="{}", run_at=0.0),
+        JobSpec(id="b", name="x", payload="{nope", run_at=0.0),
+        JobSpec(id="b", name="x", payload="{}", run_at=float("nan")),
+        JobSpec(id="b", name="x", payload="{}", run_at=0.0, max_attempts=0),
+        JobSpec(id="b", name="", payload="{}", run_at=0.0),
+    ],
+)
+def test_a_batch_with_a_bad_spec_publishes_nothing(backend: RabbitMQBackend, bad: JobSpec) -> None:
+    with pytest.raises(InvalidInput):
+        backend.enqueue([job("good", 0), bad])
+    assert ready_messages(backend) == 0  # "good" (due now) would be in the ready queue
+
+
+def ready_messages(backend: RabbitMQBackend) -> int:
+    return ready_messages_of(backend.queue)
+
+
+def test_schedule_goes_on_after_the_broker_closed_the_producers_connection(queue: str) -> None:
+    app = DelayQ(vhost_url(), queue=queue)
+    try:
+        app.schedule("x", {}, delay=0, job_id="before")
+        close_connections()
+        app.schedule("x", {}, delay=0, job_id="after")  # a new connection, no error
+        assert wait_until(lambda: ready_messages_of(queue) >= 2, timeout=10)
+    finally:
+        app.close()
+
+
+def ready_messages_of(queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
+    try:
+        declared = connection.channel().queue_declare(f"delayq.q.{queue}", passive=True)
+        return int(declared.method.message_count)
+    finally:
+        connection.close()

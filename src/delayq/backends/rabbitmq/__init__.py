@@ -44,7 +44,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from delayq.backends._common import (
@@ -59,11 +59,12 @@ from delayq.backends._common import (
     undecodable_error,
 )
 from delayq.backends.base import Completion
+from delayq.backends.rabbitmq._claims import Held, judge
 from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Consumer, Delivery
-from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetter, read_dead
+from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
 from delayq.backends.rabbitmq._message import JobMessage, encode
-from delayq.backends.rabbitmq._publisher import Outgoing, Publisher, send
+from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
 from delayq.backends.rabbitmq._topology import Topology, route
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidOption, QueueClosed, StaleClaim, Unsupported
@@ -94,30 +95,6 @@ _NO_INDEX = (
 )
 
 
-@dataclass(slots=True)
-class _Held:
-    """A delivery handed out by ``claim``, under a local lease."""
-
-    delivery: Delivery
-    message: JobMessage
-    attempts: int
-    lease_mono: float  # monotonic lease end: ``claim`` returns it to the broker after this
-
-
-def _returned_note(attempts: int) -> str:
-    return (
-        f"returned to the queue during attempt {attempts - 1}: the worker holding it stopped, "
-        f"lost its connection or let its lease run out"
-    )
-
-
-def _returned_error(attempts: int, max_attempts: int) -> str:
-    return (
-        f"returned to the queue {attempts - 1} times without finishing (max_attempts="
-        f"{max_attempts}): the workers holding it stopped, lost their connections or hung"
-    )
-
-
 class RabbitMQBackend(CompletesInBatches):
     """A :class:`~delayq.backends.base.Backend` on RabbitMQ (see the module docstring).
 
@@ -143,8 +120,9 @@ class RabbitMQBackend(CompletesInBatches):
         self._topology = Topology(self._settings.queue, self._settings.queue_type)
         self._publisher = Publisher(self._settings, self._topology)
         self._consumer = Consumer(self._settings, self._topology)
+        self._dead = DeadLetters(self._publisher, self._topology.dead_queue)
         self._lock = threading.Lock()
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, Held] = {}
         self._closed = False
         self._publisher.open()  # a wrong URL, password or vhost fails here, not later
 
@@ -230,45 +208,40 @@ class RabbitMQBackend(CompletesInBatches):
         with self._lock:
             expired = [t for t, h in self._held.items() if h.lease_mono <= mono]
             returned = [(self._held.pop(t).delivery, True) for t in expired]
+        for token in expired:
+            _OWNERS.pop(token, None)
         self._consumer.settle(returned)  # back to the broker, to any worker
         wall = self._clock.time()
         claims: list[Claim] = []
         burials: list[tuple[Delivery, Outgoing]] = []  # also delays passed on (more > 0)
         for delivery in self._consumer.take_due(limit, mono):
-            message = delivery.message
-            if message is not None and message.more > 0:
-                # A delay longer than one pass through the levels: the levels held
-                # it at least this long, so the rest is relative to now.
+            verdict = judge(delivery)
+            message = verdict.message
+            if verdict.kind == "pass_on":
+                # The levels held it at least one pass: the rest is relative to now.
+                assert message is not None
                 burials.append((delivery, self._outgoing(message, message.more)))
                 continue
-            if message is None:
-                error = undecodable_error(ValueError(delivery.error))
-                burials.append((delivery, self._buried(None, delivery.body, error)))
+            if verdict.kind == "bury":
+                burials.append((delivery, self._buried(message, delivery.body, verdict.error)))
                 continue
-            attempts = message.attempts + delivery.returns + 1
-            last_error = message.last_error
-            if delivery.returns:
-                if attempts > message.max_attempts:
-                    error = _returned_error(attempts, message.max_attempts)
-                    dead = replace(message, attempts=attempts - 1, last_error=error)
-                    burials.append((delivery, self._buried(dead)))
-                    continue
-                last_error = _returned_note(attempts)
+            assert message is not None
             try:
                 job = message.job(
                     JobState.RUNNING,
-                    attempts,
+                    verdict.attempts,
                     wall,
                     lease_until=wall + lease,
-                    last_error=last_error,
+                    last_error=verdict.last_error,
                 )
             except (ValueError, TypeError) as exc:
                 dead = replace(message, last_error=undecodable_error(exc))
                 burials.append((delivery, self._buried(dead)))
                 continue
+            attempts = verdict.attempts
             token = next(_TOKENS)
             with self._lock:
-                self._held[token] = _Held(delivery, message, attempts, mono + lease)
+                self._held[token] = Held(delivery, message, attempts, mono + lease)
             _OWNERS[token] = self
             claims.append(Claim(job, token, wall + lease, wall))
         if burials:
@@ -316,10 +289,11 @@ class RabbitMQBackend(CompletesInBatches):
     def _complete_own(self, items: list[Completion]) -> list[StaleClaim | None]:
         generation = self._consumer.generation
         results: list[StaleClaim | None] = []
-        taken: list[tuple[int, _Held]] = []
+        taken: list[tuple[int, Held]] = []
         with self._lock:
             for item in items:
                 held = self._held.pop(item.claim.token, None)
+                _OWNERS.pop(item.claim.token, None)
                 if held is None or held.delivery.generation != generation:
                     results.append(self._stale(item.claim))
                     continue
@@ -331,9 +305,8 @@ class RabbitMQBackend(CompletesInBatches):
             item = items[index]
             message = replace(held.message, attempts=held.attempts)
             if item.released:
-                back = replace(message, attempts=held.attempts - 1, last_error=RELEASED_NOTE)
-                outgoing.append(self._outgoing(back, 0.0))
-            elif item.state is JobState.SCHEDULED:
+                continue  # the delivery goes back to this worker's heap, below
+            if item.state is JobState.SCHEDULED:
                 assert item.run_at is not None
                 again = replace(message, run_at=item.run_at, last_error=item.error)
                 outgoing.append(self._outgoing(again, item.run_at - now))
@@ -345,9 +318,18 @@ class RabbitMQBackend(CompletesInBatches):
             with self._lock:  # nothing was acked: the claims stay as they were
                 for index, held in taken:
                     self._held[items[index].claim.token] = held
+                    _OWNERS[items[index].claim.token] = self
             raise
-        done = self._consumer.settle([(held.delivery, False) for _, held in taken])
-        for (index, _held), ok in zip(taken, done, strict=True):
+        acked = [(i, h) for i, h in taken if not items[i].released]
+        done = self._consumer.settle([(held.delivery, False) for _, held in acked])
+        for index, held in taken:
+            if items[index].released:
+                # Unstarted: back in the heap at its own deadline (its place in the due
+                # order), still unacked, so its next claim is the same attempt again.
+                held.delivery.note = RELEASED_NOTE
+                done.insert(len(done), self._consumer.put_back(held.delivery))
+                acked.append((index, held))
+        for (index, _held), ok in zip(acked, done, strict=True):
             if not ok:
                 results[index] = self._stale(items[index].claim)
         return results
@@ -396,6 +378,8 @@ class RabbitMQBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         raise self._unsupported("list jobs")
 
@@ -409,17 +393,7 @@ class RabbitMQBackend(CompletesInBatches):
         """Dead jobs, most recently buried first (reads the whole dead-letter queue)."""
         limit = check_limit(limit)
         self._check_open()
-        found: list[Job] = []
-
-        def collect(_channel: Any, letters: list[DeadLetter]) -> int:
-            letters.sort(key=lambda d: d.buried_at, reverse=True)
-            found.extend(d.job() for d in letters[:limit])
-            return 0
-
-        self._publisher.run(
-            "list dead letters", lambda ch: read_dead(ch, self._topology.dead_queue, collect)
-        )
-        return found
+        return self._dead.list(limit)
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
@@ -428,27 +402,12 @@ class RabbitMQBackend(CompletesInBatches):
         at, after = check_when(run_at, delay)
         self._check_open()
 
-        def requeue(confirming: Any, private: Any, letters: list[DeadLetter]) -> int:
-            for letter in letters:
-                message = letter.message
-                if message is None or message.id != job_id:
-                    continue
-                now = self._clock.time()
-                wait = after if after is not None else (at or now) - now
-                again = replace(message, attempts=0, run_at=now + max(0.0, wait))
-                send(confirming, [self._outgoing(again, wait)])
-                private.basic_ack(letter.tag)
-                return 1
-            return 0
+        def again(message: JobMessage) -> Outgoing:
+            now = self._clock.time()
+            wait = after if after is not None else (at or now) - now
+            return self._outgoing(replace(message, attempts=0, run_at=now + max(0.0, wait)), wait)
 
-        return bool(
-            self._publisher.run(
-                "requeue a dead letter",
-                lambda ch: read_dead(
-                    ch, self._topology.dead_queue, lambda private, ls: requeue(ch, private, ls)
-                ),
-            )
-        )
+        return self._dead.requeue(job_id, again)
 
     def purge_dead(
         self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
@@ -459,22 +418,7 @@ class RabbitMQBackend(CompletesInBatches):
         ids = None if job_ids is None else set(job_ids)
         cutoff = None if older_than is None else check_run_at(older_than, "older_than")
         self._check_open()
-
-        def purge(private: Any, letters: list[DeadLetter]) -> int:
-            count = 0
-            for letter in letters:
-                job_id = letter.message.id if letter.message is not None else None
-                if ids is not None and job_id not in ids:
-                    continue
-                if cutoff is not None and letter.buried_at >= cutoff:
-                    continue
-                private.basic_ack(letter.tag)
-                count += 1
-            return count
-
-        return self._publisher.run(
-            "purge dead letters", lambda ch: read_dead(ch, self._topology.dead_queue, purge)
-        )
+        return self._dead.purge(ids, cutoff)
 
     def close(self) -> None:
         """Stop consuming (held deliveries return to the broker) and close the connections."""
@@ -482,6 +426,8 @@ class RabbitMQBackend(CompletesInBatches):
             if self._closed:
                 return
             self._closed = True
+            for token in self._held:
+                _OWNERS.pop(token, None)
             self._held.clear()
         self._consumer.close()
         self._publisher.close()

@@ -11,8 +11,8 @@ handed out early, whatever the hosts' wall clocks say.
 
 Other threads never touch the channel: they take due deliveries from the heap
 (:meth:`Consumer.take_due`) and settle them (ack, or nack to requeue) with
-:meth:`Consumer.settle`, which runs on the I/O thread through pika's
-``add_callback_threadsafe`` and waits for it.
+:meth:`Consumer.settle`, which hands them to the I/O thread through pika's
+``add_callback_threadsafe``.
 
 When the connection is lost, every delivery it held goes back to the broker:
 the heap is emptied, the generation counter moves on (so claims taken under
@@ -36,7 +36,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pika
@@ -55,9 +55,6 @@ RETURNS = "x-delayq-returns"
 
 log = logging.getLogger("delayq.rabbitmq")
 
-SETTLE_TIMEOUT = 30.0
-"""Seconds a settle waits for the I/O thread (it answers in well under one normally)."""
-
 HANDBACK = 0.5
 """A delivery due this long that no claim took (its worker is busy) is handed back to the
 queue for another worker, when the queue has another consumer."""
@@ -74,21 +71,15 @@ class Delivery:
     message: JobMessage | None  # None when the body cannot be read
     error: str | None = None  # why it cannot be read
     due: float = 0.0  # local deadline, monotonic seconds
-
-
-@dataclass(slots=True)
-class _Settle:
-    items: Sequence[tuple[Delivery, bool]]  # (delivery, requeue)
-    done: threading.Event = field(default_factory=threading.Event)
-    results: list[bool] = field(default_factory=list)
+    note: str | None = None  # the last error to report instead of the message's (a release)
 
 
 class Consumer:
     """Consumes one ready queue on its own thread (see the module docstring).
 
     Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_generation``,
-    ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused``,
-    ``_pending`` and ``_closed``.
+    ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused`` and
+    ``_closed``.
     ``_generation`` and ``_channel`` change only on the I/O thread. No user
     code runs under the lock, and the I/O thread never waits for other threads.
     """
@@ -103,7 +94,6 @@ class Consumer:
         self._wake_gen = 0
         self._connection: Any = None
         self._channel: Any = None
-        self._pending: list[_Settle] = []
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop_wait = threading.Event()
@@ -197,11 +187,8 @@ class Consumer:
             self._generation += 1
             self._heap.clear()
             self._connection = self._channel = None
-            pending, self._pending = self._pending, []
             self._wake_gen += 1
             self._cond.notify_all()
-        for settle in pending:
-            settle.done.set()  # results stay short: those entries count as not settled
         if connection is not None and connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 connection.close()
@@ -298,46 +285,56 @@ class Consumer:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError, RuntimeError):
                 connection.add_callback_threadsafe(self._resume)
 
-    def _do_settle(self, settle: _Settle) -> None:
+    def _send(self, items: Sequence[tuple[Delivery, bool]]) -> None:
+        """Ack or return ``items`` on the channel they came on (skipped if it is gone)."""
         with self._cond:
-            if settle in self._pending:
-                self._pending.remove(settle)
             channel, generation = self._channel, self._generation
-        try:
-            for delivery, requeue in settle.items:
-                ok = channel is not None and delivery.generation == generation
-                if ok:
-                    if requeue:
-                        channel.basic_nack(delivery.tag, requeue=True)
-                    else:
-                        channel.basic_ack(delivery.tag)
-                settle.results.append(ok)
-        finally:
-            settle.done.set()
+        if channel is None:
+            return
+        for delivery, requeue in items:
+            if delivery.generation != generation:
+                continue
+            if requeue:
+                channel.basic_nack(delivery.tag, requeue=True)
+            else:
+                channel.basic_ack(delivery.tag)
 
     # -- any thread ----------------------------------------------------------------
     def settle(self, items: Sequence[tuple[Delivery, bool]]) -> list[bool]:
-        """Ack (``requeue=False``) or return (``True``) deliveries; True where it was done.
+        """Ack (``requeue=False``) or return (``True``) deliveries; True where it was sent.
 
         False means the delivery's connection is gone: the broker has already
-        returned the message to the queue.
+        returned the message to the queue. The acks are handed to the I/O thread
+        without waiting for it (a ``basic.ack`` has no reply, so waiting for the
+        socket write would promise nothing more, and it would make every
+        commit wait behind a burst of deliveries): when the connection closes
+        before one is written, the broker returns that message (at least once).
         """
         if not items:
             return []
-        settle = _Settle(items)
         with self._cond:
-            connection = self._connection
-            if connection is not None:
-                self._pending.append(settle)
+            connection, generation = self._connection, self._generation
         if connection is None:
             return [False] * len(items)
-        try:
-            connection.add_callback_threadsafe(lambda: self._do_settle(settle))
-        except (pika.exceptions.AMQPError, OSError, RuntimeError):
-            return [False] * len(items)
-        settle.done.wait(SETTLE_TIMEOUT)
-        results = list(settle.results)
-        return results + [False] * (len(items) - len(results))
+        results = [delivery.generation == generation for delivery, _ in items]
+        sent = [item for item, ok in zip(items, results, strict=True) if ok]
+        if sent:
+            try:
+                connection.add_callback_threadsafe(lambda: self._send(sent))
+            except (pika.exceptions.AMQPError, OSError, RuntimeError):
+                return [False] * len(items)
+        return results
+
+    def put_back(self, delivery: Delivery) -> bool:
+        """Return an unstarted delivery to the heap at its own deadline; False when its
+        connection is gone (the broker has returned it already)."""
+        with self._cond:
+            if delivery.generation != self._generation or self._channel is None:
+                return False
+            heapq.heappush(self._heap, (delivery.due, next(self._seq), delivery))
+            self._wake_gen += 1
+            self._cond.notify_all()
+            return True
 
     def take_due(self, limit: int, now: float) -> list[Delivery]:
         """Up to ``limit`` deliveries due by ``now`` (monotonic), earliest first."""

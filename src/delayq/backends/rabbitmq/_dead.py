@@ -16,9 +16,10 @@ from typing import Any
 
 from delayq.backends._common import readable_json
 from delayq.backends.rabbitmq._message import JobMessage, decode
+from delayq.backends.rabbitmq._publisher import Outgoing, Publisher, send
 from delayq.job import Job, JobState
 
-__all__ = ["BURIED_AT", "ERROR", "DeadLetter", "read_dead"]
+__all__ = ["BURIED_AT", "ERROR", "DeadLetter", "DeadLetters", "read_dead"]
 
 BURIED_AT = "x-delayq-buried-at"  # epoch milliseconds
 ERROR = "x-delayq-error"  # why an unreadable message was buried
@@ -96,3 +97,60 @@ def read_dead(channel: Any, queue: str, act: Callable[[Any, list[DeadLetter]], i
     finally:
         if private.is_open:
             private.close()
+
+
+class DeadLetters:
+    """List, requeue and purge the dead-letter queue ``queue`` through ``publisher``'s
+    connection (under its lock)."""
+
+    def __init__(self, publisher: Publisher, queue: str) -> None:
+        self._publisher = publisher
+        self._queue = queue
+
+    def list(self, limit: int) -> list[Job]:
+        found: list[Job] = []
+
+        def collect(_private: Any, letters: list[DeadLetter]) -> int:
+            letters.sort(key=lambda d: d.buried_at, reverse=True)
+            found.extend(d.job() for d in letters[:limit])
+            return 0
+
+        self._publisher.run("list dead letters", lambda ch: read_dead(ch, self._queue, collect))
+        return found
+
+    def requeue(self, job_id: str, again: Callable[[JobMessage], Outgoing]) -> bool:
+        """Publish ``again(message)`` for the dead letter of ``job_id``, then ack it."""
+
+        def requeue(confirming: Any, private: Any, letters: list[DeadLetter]) -> int:
+            for letter in letters:
+                if letter.message is not None and letter.message.id == job_id:
+                    send(confirming, [again(letter.message)])
+                    private.basic_ack(letter.tag)
+                    return 1
+            return 0
+
+        return bool(
+            self._publisher.run(
+                "requeue a dead letter",
+                lambda ch: read_dead(ch, self._queue, lambda p, ls: requeue(ch, p, ls)),
+            )
+        )
+
+    def purge(self, ids: set[str] | None, cutoff: float | None) -> int:
+        """Ack (delete) the dead letters in ``ids`` (all when None) buried before ``cutoff``."""
+
+        def purge(private: Any, letters: list[DeadLetter]) -> int:
+            count = 0
+            for letter in letters:
+                job_id = letter.message.id if letter.message is not None else None
+                if ids is not None and job_id not in ids:
+                    continue
+                if cutoff is not None and letter.buried_at >= cutoff:
+                    continue
+                private.basic_ack(letter.tag)
+                count += 1
+            return count
+
+        return self._publisher.run(
+            "purge dead letters", lambda ch: read_dead(ch, self._queue, purge)
+        )

@@ -9,14 +9,15 @@ Raft majority has it on disk); a message no queue would take comes back as
 A connection idle longer than the heartbeat interval may have been closed by
 the broker; before each use the publisher lets pika read what arrived
 (heartbeats, a close) and opens a new connection when the old one is gone.
-A failure during the publish itself is raised (``BackendUnavailable``): the
-caller cannot know whether the broker kept the message, as with any store
-whose reply is lost.
+A connection the broker closed since its last use is replaced and the call
+made once more (a message the broker had received before is then there
+twice: at least once); any other failure is raised (``BackendUnavailable``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import QueueClosed
 
 __all__ = ["Outgoing", "Publisher", "send"]
+
+log = logging.getLogger("delayq.rabbitmq")
 
 IDLE_CHECK = 5.0
 """After this many idle seconds the connection is checked (heartbeats read) before use."""
@@ -121,11 +124,24 @@ class Publisher:
             if self._closed:
                 raise QueueClosed(f"the RabbitMQ store at {self._settings.url} is closed")
             with map_errors(self._settings, action):
+                reused = self._connection is not None
                 try:
-                    channel = self._ensure()
-                    return fn(channel)
+                    return fn(self._ensure())
+                except pika.exceptions.AMQPConnectionError:
+                    self._drop()
+                    if not reused:
+                        raise
+                    # The broker closed a connection opened earlier (a restart, an
+                    # operator, a network blip): once more on a new one. A message it
+                    # did receive before is then there twice (at least once).
+                    log.warning("RabbitMQ publisher connection lost; reconnecting", exc_info=True)
                 except (pika.exceptions.AMQPError, OSError):
-                    # The connection (or the channel, on a channel error) is unusable now.
+                    # The channel (or the socket) is unusable now.
+                    self._drop()
+                    raise
+                try:
+                    return fn(self._ensure())
+                except (pika.exceptions.AMQPError, OSError):
                     self._drop()
                     raise
 
