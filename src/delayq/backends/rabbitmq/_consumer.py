@@ -181,7 +181,7 @@ class Consumer:
             pause = min(5.0, pause * 2)
 
     def _disconnected(self, connection: Any) -> None:
-        """Forget every delivery of the lost connection; fail the settles still pending."""
+        """Forget every delivery of the lost connection (the broker returns them)."""
         self.connected.clear()
         with self._cond:
             self._generation += 1
