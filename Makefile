@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 $(BENCH_STAMP): pyproject.toml bench/requirements-peers.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip install -q -e '.[redis,rabbitmq]' -r bench/requirements-peers.txt
+	$(BENCH_VENV)/bin/python -m pip install -q -e '.[redis,rabbitmq,postgres]' -r bench/requirements-peers.txt
 	touch $(BENCH_STAMP)
 
 demo: $(STAMP)

@@ -23,6 +23,7 @@ MODULES = (
     "durable",
     "drain",
     "redis_delayq",
+    "redis_costs",
     "redis_peers",
     "load",
     "operate",

@@ -13,6 +13,7 @@ What is measured (the public calls a dashboard or a worker makes):
   ended, so depth should not matter; the same with a ``name`` filter matching
   half of the jobs, and one matching one job in 1,000 (no index on names: the
   walk reads about 1,000 rows per match);
+- a ``/metrics`` scrape of the store gauges (``stats()`` and the oldest due job);
 - ``Metrics.on_result`` per finished attempt (counters + two histograms);
 - ``DelayQ.schedule`` on the memory store with and without the metrics producer
   hook, jobs/s.
@@ -30,8 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from delayq import DelayQ
-from delayq.metrics import Metrics
+from delayq.metrics import Metrics, exposition_registry
 from delayq.worker import JobResult
 
 
@@ -68,6 +71,9 @@ def pages(count: int) -> None:
                 cursor = None if depth is None else (base + depth * 0.001, f"j{depth:08}")
                 p50, p99 = _timed(lambda c=cursor: app.list_jobs(limit=51, after=c), 50)
                 print(f"{label:<28} {p50 * 1000:>8.2f} {p99 * 1000:>8.2f}")
+            registry = exposition_registry(None, app.backend)
+            p50, p99 = _timed(lambda: generate_latest(registry), 10)
+            print(f"{'/metrics scrape (store)':<28} {p50 * 1000:>8.2f} {p99 * 1000:>8.2f}")
             middle = (base + count // 2 * 0.001, f"j{count // 2:08}")
             for name, label in (("mail", "name= half the jobs"), ("rare", "name= 1 job in 1,000")):
                 p50, p99 = _timed(lambda n=name: app.list_jobs(limit=51, after=middle, name=n), 20)

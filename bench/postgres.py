@@ -1,25 +1,32 @@
-"""delayq's PostgreSQL store under live load, and its drain rate.
+"""delayq on PostgreSQL under live load, its drain rate, and its ``schedule`` rate.
 
 ::
 
-    python -m bench.postgres            # 200 and 2,000 jobs/s for 10 s; drain 20,000
-    python -m bench.postgres --quick    # 3 s runs; drain 4,000
+    python -m bench.postgres            # 200 and 2,000 jobs/s for 10 s; drain 20,000 jobs
+    python -m bench.postgres --quick    # 3 s runs; drain 4,000 jobs
+    python -m bench.postgres --only delayq-postgres
 
-Everything runs in a database of its own (``delayq_bench``, created if missing,
-its tables dropped at the end) on the server at ``--url``.
+Everything runs in a database of its own (``delayq_bench``, created when
+missing) on the server at ``--url``; each system's tables are dropped after its
+runs. Per system, one after the other:
 
-- **schedule calls/s**: one thread calling ``DelayQ.schedule`` as fast as it can
-  (one call, one committed transaction per job).
-- **live load**: one worker process (default settings) runs while ONE producer
-  thread calls ``schedule`` at a fixed rate, each job due ``--lead`` seconds
-  after it is scheduled, so earlier jobs fall due while later ones arrive.
-  Lateness is the handler's first ``time.time()`` minus the due time; "early"
-  counts negative ones; "missing" the jobs not run by the drain deadline.
-- **drain**: N jobs already due, 1 or 2 worker processes: jobs/s from the due
-  time until the last one ran.
+- **schedule calls/s** (delayq): one thread calling ``DelayQ.schedule`` as fast as
+  it can, one committed transaction per call.
+- **live load**: the shared harness of :mod:`bench.load`: ONE worker process
+  with default settings while ONE producer process calls the ordinary
+  delayed-enqueue API once per job at a fixed rate, each job due 0 to
+  ``--horizon`` seconds after it is scheduled (so earlier jobs fall due while
+  later ones arrive). Lateness is the handler's first ``time.time()`` minus the
+  due time; see :mod:`bench.load` for every column.
+- **drain**: N jobs already due (stored in batches before the workers start),
+  then 1 or 2 worker processes: jobs/s over the jobs after the first 10% (so
+  process start-up is not counted), from the handlers' start times.
 
-The numbers depend on the machine; the one this was written on is a shared,
-loaded 2-core VM, so compare rows of one run rather than runs.
+``delayq-postgres`` is the default store (every ``schedule`` waits for its
+commit to reach the disk); ``delayq-postgres-async`` opens it with
+``synchronous_commit=off`` (a server crash may forget the last fraction of a
+second of schedules). The peers, procrastinate and pgqueuer, are installed only
+in the benchmark's environment (``bench/requirements-peers.txt``).
 """
 
 from __future__ import annotations
@@ -27,228 +34,232 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psycopg
 
+from bench import _pg_peers
 from bench._peer_common import OUT_ENV
-from bench._pg_delayq import URL_ENV
+from bench.load import (
+    Result,
+    RunFailed,
+    System,
+    Workload,
+    _count_lines,
+    _version,
+    delayq_system,
+    format_table,
+    measure,
+    read_runs,
+    running_worker,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "delayq_bench"
 SCHEMA = "delayq_bench"
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DRAIN_LIMIT_S = 60.0  # a drain slower than this is measured over the jobs that ran
 
 
-@dataclass(frozen=True, slots=True)
-class Lateness:
-    """Lateness of one run, in milliseconds."""
-
-    jobs: int
-    ran: int
-    early: int
-    p50: float
-    p99: float
-    max: float
-
-    @classmethod
-    def of(cls, jobs: int, seconds: Sequence[float]) -> Lateness:
-        ms = sorted(s * 1000 for s in seconds)
-        if not ms:
-            return cls(jobs, 0, 0, math_nan(), math_nan(), math_nan())
-        return cls(
-            jobs,
-            len(ms),
-            sum(1 for m in ms if m < 0),
-            statistics.median(ms),
-            ms[min(len(ms) - 1, int(len(ms) * 0.99))],
-            ms[-1],
-        )
-
-
-def math_nan() -> float:
-    return float("nan")
-
-
-def bench_url(server: str) -> str:
-    """Create the benchmark's database if missing; its URL."""
-    with psycopg.connect(server, autocommit=True) as conn:
+def bench_database(server: str) -> str:
+    """Create the benchmark's database when missing; its URL."""
+    with psycopg.connect(server, autocommit=True, connect_timeout=5) as conn:
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
         if found.fetchone() is None:
             conn.execute(f'CREATE DATABASE "{DATABASE}"')
-    base = server.rsplit("/", 1)[0]
-    return f"{base}/{DATABASE}"
+    return f"{server.rsplit('/', 1)[0]}/{DATABASE}"
 
 
-def reset(url: str) -> None:
+class _Server:
+    """The benchmark database's URL, set by :func:`main`."""
+
+    url = ""
+
+
+def _drop(url: str, schemas: Sequence[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+        for schema in schemas:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-@contextlib.contextmanager
-def workers(url: str, out: Path, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``count`` delayq worker processes on ``url``, stopped gracefully afterwards."""
-    env = {**os.environ, URL_ENV: url, OUT_ENV: str(out)}
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "bench._pg_delayq"], cwd=REPO_ROOT, env=env)
-        for _ in range(count)
-    ]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+def _delayq_prepare(query: str) -> Callable[[Path], contextlib.AbstractContextManager[str]]:
+    @contextlib.contextmanager
+    def prepare(workdir: Path) -> Iterator[str]:
+        _drop(_Server.url, [SCHEMA])
+        try:
+            yield f"{_Server.url}?schema={SCHEMA}&queue=bench{query}"
+        finally:
+            _drop(_Server.url, [SCHEMA])
+
+    return prepare
 
 
-def read(out: Path) -> dict[int, float]:
-    found: dict[int, float] = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            index, late = line.split()
-            if int(index) >= 0:  # -1: the probe
-                found.setdefault(int(index), float(late))
-    return found
+def _peer_prepare(
+    schema: str, install: Callable[[str], None]
+) -> Callable[[Path], contextlib.AbstractContextManager[str]]:
+    @contextlib.contextmanager
+    def prepare(workdir: Path) -> Iterator[str]:
+        _drop(_Server.url, [schema])
+        os.environ["PGQUEUER_SCHEMA"] = _pg_peers.PGQUEUER_SCHEMA
+        install(_Server.url)
+        try:
+            yield _Server.url
+        finally:
+            _drop(_Server.url, [schema])
+
+    return prepare
 
 
-def wait_probe(out: Path, timeout: float = 30.0) -> None:
-    """Wait until the probe job (index -1) ran: the worker is up and warm."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if out.exists() and any(line.startswith("-1 ") for line in out.read_text().splitlines()):
-            return
-        time.sleep(0.02)
-    raise RuntimeError("the worker did not run the probe job in time")
+def _peer(name: str, modules: tuple[str, ...], notes: str, schema: str) -> System:
+    return System(
+        name=name,
+        distribution=name,
+        modules=modules,
+        notes=notes,
+        prepare=_peer_prepare(schema, getattr(_pg_peers, f"{name}_install")),
+        worker_argv=lambda url: [sys.executable, "-m", "bench._pg_peers", name],
+        enqueue=getattr(_pg_peers, f"{name}_enqueue"),
+        env=_pg_peers.URL_ENV,
+    )
 
 
-def wait_for(out: Path, n: int, deadline: float) -> dict[int, float]:
-    while True:
-        got = read(out)
-        if len(got) >= n or time.monotonic() >= deadline:
-            return got
-        time.sleep(0.05)
+SYSTEMS: list[System] = [
+    delayq_system(
+        "delayq-postgres",
+        _delayq_prepare(""),
+        modules=("psycopg", "psycopg_pool"),
+        notes="LISTEN/NOTIFY, sleeps until the head's due time; schedule waits for the disk",
+    ),
+    delayq_system(
+        "delayq-postgres-async",
+        _delayq_prepare("&synchronous_commit=off"),
+        modules=("psycopg", "psycopg_pool"),
+        notes="synchronous_commit=off: schedule does not wait for the disk",
+    ),
+    _peer(
+        "procrastinate",
+        ("procrastinate",),
+        "defaults: LISTEN/NOTIFY for new jobs, polls every 5 s for scheduled ones",
+        _pg_peers.PROCRASTINATE_SCHEMA,
+    ),
+    _peer(
+        "pgqueuer",
+        ("pgqueuer",),
+        "defaults: LISTEN/NOTIFY, dequeue_timeout 30 s, batch_size 10",
+        _pg_peers.PGQUEUER_SCHEMA,
+    ),
+]
+"""Every system, in the order they run."""
 
 
-def schedule_rate(url: str, n: int) -> float:
-    """``schedule`` calls per second from one thread (jobs due in an hour, never run)."""
+def schedule_rate(system: System, calls: int) -> float:
+    """``schedule`` calls/s from one thread (delayq systems; jobs due in an hour)."""
     from delayq import DelayQ  # noqa: PLC0415
 
-    with DelayQ(url) as app:
-        for i in range(50):  # warm up: connections, prepared statements
-            app.schedule("noop", {"i": -i, "due": 0}, delay=3600)
+    with tempfile.TemporaryDirectory() as tmp, system.prepare(Path(tmp)) as url, DelayQ(url) as app:
+        for i in range(100):  # warm up: connections, prepared statements
+            app.schedule("noop", {"index": -i, "due": 0}, delay=3600)
         start = time.perf_counter()
-        for i in range(n):
-            app.schedule("noop", {"i": i, "due": 0}, delay=3600)
-        return n / (time.perf_counter() - start)
+        for i in range(calls):
+            app.schedule("noop", {"index": i, "due": 0}, delay=3600)
+        return calls / (time.perf_counter() - start)
 
 
-def live(
-    url: str, rate: float, seconds: float, lead: float, drain: float
-) -> tuple[Lateness, float]:
-    """One producer at ``rate`` jobs/s for ``seconds``; lateness and the achieved rate."""
-    from delayq import DelayQ  # noqa: PLC0415
+def drain_rate(system: System, n: int, workers: int, workdir: Path) -> float:
+    """Jobs/s of ``workers`` worker processes on a backlog of ``n`` jobs due already.
 
-    n = int(rate * seconds)
-    with tempfile.TemporaryDirectory() as tmp, DelayQ(url) as app:
-        out = Path(tmp) / "ran.txt"
-        with workers(url, out, 1):
-            app.schedule("noop", {"i": -1, "due": time.time()}, delay=0)  # probe: the worker is up
-            wait_probe(out)
-            start_wall, start = time.time(), time.perf_counter()
-            dues: dict[int, float] = {}
-            for i in range(n):
-                target = i / rate
-                pause = target - (time.perf_counter() - start)
-                if pause > 0:
-                    time.sleep(pause)
-                due = start_wall + target + lead
-                dues[i] = due
-                app.schedule("noop", {"i": i, "due": due}, at=due)
-            achieved = n / (time.perf_counter() - start)
-            last_due = max(dues.values())
-            got = wait_for(out, n, time.monotonic() + max(0.0, last_due - time.time()) + drain)
-    return Lateness.of(n, list(got.values())), achieved
-
-
-def drain(url: str, n: int, procs: int) -> float:
-    """Jobs/s with ``procs`` worker processes on ``n`` jobs due at one moment."""
-    from delayq import DelayQ  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory() as tmp, DelayQ(url) as app:
-        out = Path(tmp) / "ran.txt"
-        with workers(url, out, procs):
-            app.schedule("noop", {"i": -1, "due": time.time()}, delay=0)
-            wait_probe(out)
-            due = time.time() + 3.0 + n / 20_000  # after the enqueue below
-            for start in range(0, n, 1000):
-                app.schedule_many(
-                    [
-                        {"name": "noop", "payload": {"i": i, "due": due}, "at": due}
-                        for i in range(start, min(n, start + 1000))
-                    ]
-                )
-            got = wait_for(out, n, time.monotonic() + 120)
-            finished = time.time()
-    if len(got) < n:
-        return float("nan")
-    return n / (finished - due) if finished > due else float("nan")
+    The backlog is stored before the workers start; the rate is taken over the
+    jobs after the first 10% (so start-up is not counted), from the handlers'
+    start times: (jobs after the first 10%) / (last start - the 10% mark).
+    """
+    out = workdir / f"{system.name}-drain-{workers}.results"
+    log_path = workdir / f"{system.name}-drain-{workers}.log"
+    fill = getattr(_pg_peers, f"{system.distribution}_fill")
+    with system.prepare(workdir) as url:
+        os.environ[OUT_ENV] = str(out)
+        os.environ[system.env] = url
+        due = time.time()
+        fill(url, n, due)
+        with contextlib.ExitStack() as stack:
+            for _ in range(workers):
+                stack.enter_context(running_worker(system.worker_argv(url), log_path))
+            deadline = time.monotonic() + DRAIN_LIMIT_S
+            while _count_lines(out) < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+    runs, _claims = read_runs(out)
+    starts = sorted(due + min(late) for i, late in runs.items() if i >= 0)
+    if len(starts) < n // 5:
+        raise RunFailed(f"only {len(starts)} of {n} jobs ran in {DRAIN_LIMIT_S:.0f} s")
+    mark = len(starts) // 10
+    rate = (len(starts) - mark) / (starts[-1] - starts[mark])
+    return rate if len(starts) == n else -rate  # negative: not every job ran in time
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.postgres")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get(
-            "DELAYQ_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-    )
-    parser.add_argument("--lead", type=float, default=1.0)
+    parser.add_argument("--url", default=os.environ.get("DELAYQ_POSTGRES_URL", DEFAULT_URL))
+    parser.add_argument("--only", default=None, help="comma-separated system names")
+    parser.add_argument("--horizon", type=float, default=None)
     args = parser.parse_args(argv)
-    seconds = 3.0 if args.quick else 10.0
-    n_drain = 4_000 if args.quick else 20_000
     try:
-        db = bench_url(args.url)
+        _Server.url = bench_database(args.url)
     except psycopg.Error as exc:
-        print(f"PostgreSQL not reachable at {args.url}: {exc}; skipped")
+        print(f"PostgreSQL is not reachable at {args.url}: {exc}; skipped")
         return 0
-    url = f"{db}?schema={SCHEMA}&queue=bench"
-    print("delayq-postgres (one producer thread; worker processes with default settings)")
-    print("machine: shared 2-core VM, loaded by other work while this ran\n")
-    try:
-        reset(db)
-        calls = schedule_rate(url, 1000 if args.quick else 5000)
-        print(f"schedule calls/s (one thread): {calls:,.0f}")
-        print("\n| rate jobs/s | achieved | jobs | ran | early | p50 ms | p99 ms | max ms |")
-        print("|---|---|---|---|---|---|---|---|")
-        for rate in (200.0, 2000.0):
-            reset(db)
-            late, achieved = live(url, rate, seconds, args.lead, drain=10.0)
-            print(
-                f"| {rate:,.0f} | {achieved:,.0f} | {late.jobs} | {late.ran} | {late.early} "
-                f"| {late.p50:.1f} | {late.p99:.1f} | {late.max:.1f} |",
-                flush=True,
-            )
-        print("\n| drain | jobs | jobs/s |")
-        print("|---|---|---|")
-        for procs in (1, 2):
-            reset(db)
-            rate = drain(url, n_drain, procs)
-            print(f"| {procs} worker process(es) | {n_drain} | {rate:,.0f} |", flush=True)
-    finally:
-        reset(db)
+    wanted = {n.strip() for n in args.only.split(",")} if args.only else None
+    systems = [s for s in SYSTEMS if wanted is None or s.name in wanted]
+    seconds = 3.0 if args.quick else 10.0
+    horizon = args.horizon or (3.0 if args.quick else 5.0)
+    workloads = [Workload(rate, seconds, horizon, 10.0, 1) for rate in (200, 2000)]
+    n_drain = 4_000 if args.quick else 20_000
+    print("machine: a shared 2-core VM, loaded by other work while this ran; PostgreSQL 15")
+    print(
+        f"live load: one producer process, {seconds:.0f} s per rate, due 0-{horizon:.0f} s ahead\n"
+    )
+    tables: dict[int, list[Result]] = {w.rate: [] for w in workloads}
+    drains: list[str] = []
+    calls: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-postgres-") as tmp:
+        for system in systems:
+            label = f"{system.name} {_version(system.distribution)}"
+            missing = system.missing()
+            if missing is not None:
+                for w in workloads:
+                    tables[w.rate].append(Result(label, w, failed=f"skipped: {missing}"))
+                continue
+            if system.distribution == "delayq":
+                rate = schedule_rate(system, 1000 if args.quick else 5000)
+                calls.append(f"| {label} | {rate:,.0f} |")
+            for workload in workloads:
+                try:
+                    result = measure(system, workload, Path(tmp))
+                    result.system = label
+                except (RunFailed, OSError) as exc:
+                    result = Result(label, workload, failed=f"failed: {exc}")
+                tables[workload.rate].append(result)
+            row = [label]
+            for workers in (1, 2):
+                try:
+                    rate = drain_rate(system, n_drain, workers, Path(tmp))
+                    row.append(
+                        f"{rate:,.0f}" if rate > 0 else f"{-rate:,.0f} (not all ran in 60 s)"
+                    )
+                except (RunFailed, OSError) as exc:
+                    row.append(f"failed: {exc}")
+            drains.append("| " + " | ".join(row) + " |")
+    if calls:
+        print("| system | schedule calls/s, one thread |\n| --- | ---: |")
+        print("\n".join(calls) + "\n")
+    for rate, results in tables.items():
+        print(f"live load, {rate:,} jobs/s offered\n")
+        print(format_table(results) + "\n")
+    print(f"drain: {n_drain:,} due jobs, jobs/s\n")
+    print("| system | 1 worker process | 2 worker processes |\n| --- | ---: | ---: |")
+    print("\n".join(drains))
     return 0
 
 

@@ -6,7 +6,9 @@
     python -m bench.recurring --quick    # smoke run (5 schedules for 5 s)
 
 Per store (SQLite in a temporary directory; Redis at ``$DELAYQ_BENCH_REDIS`` or
-``redis://127.0.0.1:6379/0`` under a private prefix, skipped when unreachable):
+``redis://127.0.0.1:6379/0`` under a private prefix; PostgreSQL at
+``$DELAYQ_BENCH_POSTGRES`` or ``postgresql://postgres@127.0.0.1:5432/test`` in a
+private schema; a server that is unreachable is skipped):
 ``schedules`` schedules declared with ``DelayQ.recurring(every=1)`` and run by ONE
 ``Worker`` (defaults: 8 threads) in this process, while a producer thread calls
 ``DelayQ.schedule`` for one-off jobs due 50 ms later at ``load`` jobs/s (the
@@ -116,6 +118,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 client.delete(*keys)
         except Exception as exc:
             print(f"redis cleanup failed: {exc}")
+    pg_url = os.environ.get("DELAYQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"dq_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        print(
+            "postgres:",
+            run_one(f"{pg_url}?schema={schema}", schedules=schedules, seconds=seconds, load=load),
+        )
+    except DelayqError as exc:
+        print(f"postgres: skipped ({exc})")
+    finally:
+        try:
+            import psycopg  # noqa: PLC0415
+
+            with psycopg.connect(pg_url, autocommit=True, connect_timeout=3) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        except Exception as exc:
+            print(f"postgres cleanup failed: {exc}")
     return 0
 
 

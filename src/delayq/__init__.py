@@ -33,8 +33,9 @@ from delayq.errors import (
 )
 from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
 from delayq.recurring import MissedRuns, Schedule
+from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
-from delayq.timers.delay_queue import AsyncDelayQueue, Delayed, DelayedItem, DelayQueue
+from delayq.timers.delay_queue import Delayed, DelayedItem, DelayQueue
 from delayq.timers.hashed_wheel import HashedWheel, HashedWheelTimer
 from delayq.timers.heap_timer import DelayQueueTimer
 from delayq.timers.retry_queue import RetryQueue

@@ -11,10 +11,13 @@ Every method has the name, arguments, validation, errors and outcomes of the
 :class:`~delayq.app.DelayQ` method of the same name, because it IS that method:
 the call runs in a worker thread (``asyncio.to_thread``, which carries the
 caller's context variables, e.g. a trace context, along). None of delayq's
-stores has an asyncio client today (the SQLite module is synchronous, and the
-Redis store's Lua scripts and wake-ups are written against redis-py's sync
-client), so a thread is the honest way not to block the loop; one thread per
-call in flight, from the loop's default executor.
+stores has an asyncio client today (the SQLite module is synchronous; the Redis
+store's Lua scripts and wake-ups are written against redis-py's sync client, the
+PostgreSQL store against psycopg's sync pool, the RabbitMQ store against pika),
+so a thread is the honest way not to block the loop; one thread per call in
+flight, from the loop's default executor. ``schedule(connection=)`` (joining
+a caller's sync database transaction) has no async twin: an asyncio app holds
+an async connection, which a sync store cannot join.
 
 Handlers keep being registered on the :class:`DelayQ` (``aq.app``); async
 handlers run on the worker's event loop, as before.
@@ -39,6 +42,7 @@ from delayq.job import (
     RescheduleOutcome,
     Stats,
 )
+from delayq.recurring import Schedule
 
 __all__ = ["AsyncDelayQ"]
 
@@ -165,6 +169,29 @@ class AsyncDelayQ:
         older_than: float | timedelta | None = None,
     ) -> int:
         return await asyncio.to_thread(self.app.purge_dead, job_ids=job_ids, older_than=older_than)
+
+    # -- recurring schedules -------------------------------------------------
+    async def recurring(self, name: str, **definition: Any) -> Schedule:
+        """:meth:`DelayQ.recurring`: store (or change) a recurring schedule."""
+        return await asyncio.to_thread(self.app.recurring, name, **definition)
+
+    async def recurring_schedules(self) -> list[Schedule]:
+        return await asyncio.to_thread(self.app.recurring_schedules)
+
+    async def get_recurring(self, name: str) -> Schedule | None:
+        return await asyncio.to_thread(self.app.get_recurring, name)
+
+    async def update_recurring(self, name: str, **changes: Any) -> Schedule:
+        return await asyncio.to_thread(self.app.update_recurring, name, **changes)
+
+    async def pause_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.pause_recurring, name)
+
+    async def resume_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.resume_recurring, name)
+
+    async def remove_recurring(self, name: str) -> bool:
+        return await asyncio.to_thread(self.app.remove_recurring, name)
 
     # -- lifecycle ----------------------------------------------------------
     async def close(self) -> None:

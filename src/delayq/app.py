@@ -723,7 +723,9 @@ class DelayQ:
         return self._recurring.pause(name)
 
     def resume_recurring(self, name: str) -> bool:
-        """Resume from the next occurrence (none of the paused ones); False when none."""
+        """Resume from the next occurrence (none of the paused ones); False when none.
+        On a schedule that is not paused it restarts a chain that stopped (a
+        dead-lettered tick)."""
         return self._recurring.resume(name)
 
     def remove_recurring(self, name: str) -> bool:

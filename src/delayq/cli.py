@@ -123,12 +123,13 @@ def _echo_json(data: Any) -> None:
 
 # -- time parsing and display ----------------------------------------------------------
 def parse_when(text: str, *, now: float, field: str) -> float:
-    """``now``, ``+10m`` / ``-1h`` (relative), an ISO 8601 time with an offset, or
-    epoch seconds, as epoch seconds."""
+    """``now``, ``+10m`` / ``-1h`` / ``+30`` (relative: a sign always means "from
+    now", a bare number of seconds included), an ISO 8601 time with an offset,
+    or unsigned epoch seconds, as epoch seconds."""
     value = text.strip()
     if value == "now":
         return now
-    if value[:1] in "+-" and value[1:2].isdigit() and not _is_number(value):
+    if value[:1] in "+-" and value[1:2].isdigit():
         try:
             seconds = parse_duration(value[1:])
         except InvalidInput as exc:
@@ -320,6 +321,23 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 @click.option("--batch", type=int, default=None, help="Most jobs per claim (default concurrency).")
 @click.option("--grace", default="30s", show_default=True, help="Time to finish on stop.")
 @click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Jobs claimed ahead of free slots under a backlog (default concurrency / 2).",
+)
+@click.option(
+    "--timeout",
+    default=None,
+    help="Longest run of one attempt, e.g. '5m', for handlers without their own timeout.",
+)
+@click.option(
+    "--unknown-handler-grace",
+    default="5m",
+    show_default=True,
+    help="How long jobs naming an unknown handler are retried before they are dead-lettered.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -327,6 +345,7 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
@@ -339,9 +358,13 @@ def worker(
     lease: str,
     batch: int | None,
     grace: str,
+    prefetch: int | None,
+    timeout: str | None,
+    unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    web_port: int | None,
     log_format: str,
 ) -> None:
     """Run the handlers of the DelayQ app TARGET ('package.module:app').
@@ -358,6 +381,7 @@ def worker(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             log_format="json" if log_format == "json" else "text",
+            web_port=web_port,
         )
         w = Worker(
             app,
@@ -365,6 +389,9 @@ def worker(
             lease=_duration(lease, "--lease"),
             batch=batch,
             grace=_duration(grace, "--grace"),
+            prefetch=prefetch,
+            timeout=None if timeout is None else _duration(timeout, "--timeout"),
+            unknown_handler_grace=_duration(unknown_handler_grace, "--unknown-handler-grace"),
             on_result=ops.on_result,
         )
     restore_logging = _setup_logging(log_level, log_format)
@@ -403,7 +430,13 @@ def worker(
 
 # -- producers ---------------------------------------------------------------------------
 def _when_options(fn: F) -> F:
-    fn = click.option("--at", "at", metavar="WHEN", help="Due time: ISO 8601, '+10m', epoch.")(fn)
+    fn = click.option(
+        "--at",
+        "at",
+        metavar="WHEN",
+        help="Due time: 'now', '+30' or '+10m' (from now), ISO 8601 with an offset, or "
+        "epoch seconds.",
+    )(fn)
     fn = click.option("--delay", metavar="DURATION", help="Due after e.g. 30s, 5m, 24h.")(fn)
     return fn
 

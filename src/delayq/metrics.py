@@ -198,6 +198,8 @@ class StoreCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
 
+        if "inspect" not in getattr(self.backend, "features", {"inspect"}):
+            return  # a broker keeps no index of jobs: nothing to count (not "down")
         up = GaugeMetricFamily("delayq_store_up", "1 when the store answered this scrape.")
         try:
             stats = self.backend.stats()

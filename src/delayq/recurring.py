@@ -147,6 +147,7 @@ class MissedRuns:
 
 # -- timing -------------------------------------------------------------------------------
 def check_zone(tz: object) -> ZoneInfo:
+    """``tz`` (an IANA name or a ``ZoneInfo``) as a ``ZoneInfo``, else InvalidOption."""
     if isinstance(tz, ZoneInfo):
         return tz
     if not isinstance(tz, str) or not tz:
@@ -160,6 +161,7 @@ def check_zone(tz: object) -> ZoneInfo:
 
 
 def check_cron(expr: object, zone: ZoneInfo, now: float) -> str:
+    """``expr`` if cronsim reads it and it fires after ``now`` in ``zone``, else InvalidOption."""
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidOption(f"cron must be a cron expression such as '0 3 * * *', got {expr!r}")
     try:

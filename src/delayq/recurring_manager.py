@@ -23,12 +23,13 @@ from delayq._validate import check_datetime, check_seconds
 from delayq.backends._schedules import check_schedule_name
 from delayq.backends.base import ScheduleStore
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
-from delayq.job import JobSpec, JobState
+from delayq.job import EnqueueOutcome, JobSpec, JobState
 from delayq.recurring import (
     LEAD,
     MIN_EVERY,
     TICK_HANDLER,
     MissedRuns,
+    Plan,
     Schedule,
     check_cron,
     check_zone,
@@ -54,6 +55,10 @@ _MAX_EVERY = 100 * 365.25 * 86400
 
 class RecurringSchedules:
     """Add, list, change, pause, resume and remove schedules; run ticks.
+
+    The jobs a schedule makes (ticks, occurrences) are delayq's own: they go to
+    the store directly, past the app's producer hooks (no trace envelope around
+    a tick's payload, no "scheduled" count for what no producer called).
 
     The app holds one (``DelayQ`` delegates to it); ``rng`` draws the jitter.
     Holds no state of its own besides the app and the rng (``random.Random`` is
@@ -296,27 +301,41 @@ class RecurringSchedules:
                         )
                     )
             times = sorted(found)
+        backend = self._app.backend
         running = new is not None and not new.paused
         for at in times:
             if running and at <= now:
                 continue  # due before this edit: it runs as it was enqueued
             job_id = occurrence_id(old.name, at)
-            job = self._app.get(job_id)
+            job = backend.get(job_id)
             if job is None:
                 continue  # its tick has not run: it will read the new record
             if job.state is JobState.SCHEDULED:
-                if not self._app.cancel(job_id).cancelled:
+                if not backend.cancel(job_id).cancelled:
                     continue  # claimed meanwhile: it runs as it was
             elif job.state is not JobState.CANCELLED:
                 continue  # running or finished
             if new is not None and new.runs_at(at):
                 with contextlib.suppress(JobConflict):  # claimed after a concurrent settle
-                    self._app.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
+                    backend.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
 
     def _seed(self, schedule: Schedule, now: float) -> None:
+        """Make sure the tick of the next occurrence is there.
+
+        When a tick with that id exists but no longer waits (it is running, or
+        ran, perhaps reading the record from before this edit and ending the
+        chain), do its work here: everything it enqueues is idempotent.
+        """
         at = schedule.next_run(now)
-        if at is not None:
-            self._app.enqueue([self._tick_spec(schedule.name, at, now)], on_conflict="keep")
+        if at is None:
+            return
+        backend = self._app.backend
+        spec = self._tick_spec(schedule.name, at, now)
+        [outcome] = backend.enqueue([spec], on_conflict="keep")
+        if outcome is EnqueueOutcome.KEPT:
+            existing = backend.get(spec.id)
+            if existing is None or existing.state is not JobState.SCHEDULED:
+                self._advance(schedule, at, now)
 
     @staticmethod
     def _tick_spec(name: str, at: float, now: float) -> JobSpec:
@@ -360,19 +379,22 @@ class RecurringSchedules:
         record = store.get_schedule(name)
         if record is None:
             return f"schedule {name!r} was removed: the chain ends"
-        schedule = Schedule.from_record(record)
-        now = ctx.claimed_at  # the store's clock
+        decision = self._advance(Schedule.from_record(record), tick_at, ctx.claimed_at)
+        return f"enqueued {len(decision.runs)} occurrence(s); next occurrence {decision.next_tick}"
+
+    def _advance(self, schedule: Schedule, tick_at: float, now: float) -> Plan:
+        """What a tick does (``now`` on the store's clock when a worker runs it)."""
         decision = plan(schedule, tick_at, now)
         specs = [self._occurrence_spec(schedule, at, now) for at in decision.runs]
         if decision.next_tick is not None:
-            specs.append(self._tick_spec(name, decision.next_tick, now))
+            specs.append(self._tick_spec(schedule.name, decision.next_tick, now))
         if specs:
-            self._app.enqueue(specs, on_conflict="keep")
+            self._app.backend.enqueue(specs, on_conflict="keep")
         if decision.runs:
-            # An edit that committed after the read above may have settled before
-            # the enqueue: settle what was enqueued against the record now.
-            latest = store.get_schedule(name)
-            if latest is None or latest.version != record.version:
+            # An edit that committed after the schedule was read may have settled
+            # before the enqueue: settle what was enqueued against the record now.
+            latest = self.store.get_schedule(schedule.name)
+            if latest is None or latest.version != schedule.version:
                 fresh = None if latest is None else Schedule.from_record(latest)
                 self._settle(schedule, fresh, now, decision.runs)
-        return f"enqueued {len(decision.runs)} occurrence(s); next occurrence {decision.next_tick}"
+        return decision

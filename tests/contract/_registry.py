@@ -29,14 +29,29 @@ class OpenBackend(Protocol):
     ) -> contextlib.AbstractContextManager[Backend]: ...
 
 
+class OpenLive(Protocol):
+    """``open_live(store)``: a context manager yielding the store as in production.
+
+    No injected clock: "due" on the store's own clock (the server's, for a
+    distributed store) and the real blocking ``wait_for_due`` and wake-ups.
+    """
+
+    def __call__(self, store: str, /) -> contextlib.AbstractContextManager[Backend]: ...
+
+
 @dataclass(frozen=True)
 class BackendFactory:
-    """How the contract suite opens one kind of backend (see the module docstring)."""
+    """How the contract suite opens one kind of backend (see the module docstring).
+
+    ``open_live`` opens it in production mode for the real-time contract tests
+    (``test_contract_live.py``); every store provides one.
+    """
 
     name: str
     open: OpenBackend
     features: frozenset[str] = field(default_factory=frozenset)
     marks: tuple[Any, ...] = ()
+    open_live: OpenLive | None = None
 
     def __post_init__(self) -> None:
         unknown = self.features - FEATURES

@@ -21,4 +21,15 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(name="memory", open=_open, features=MemoryBackend.features)
+@contextmanager
+def _open_live(store: str, /) -> Iterator[Backend]:
+    backend = MemoryBackend()
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+FACTORY = BackendFactory(
+    name="memory", open=_open, features=MemoryBackend.features, open_live=_open_live
+)

@@ -32,9 +32,23 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
             backend.close()
 
 
+@contextmanager
+def _open_live(store: str, /) -> Iterator[Backend]:
+    # No clock: "due" on the server's clock, waits on LISTEN/NOTIFY.
+    with pg_schema(store) as schema:
+        backend = PostgresBackend(
+            POSTGRES_URL, schema=schema, pool_size=4, application_name=app_name(schema)
+        )
+        try:
+            yield backend
+        finally:
+            backend.close()
+
+
 FACTORY = BackendFactory(
     name="postgres",
     open=_open,
+    open_live=_open_live,
     features=PostgresBackend.features,
     marks=(pytest.mark.postgres,),
 )

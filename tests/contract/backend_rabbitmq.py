@@ -32,9 +32,21 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         delete_queues(queue)
 
 
+@contextmanager
+def _open_live(store: str, /) -> Iterator[Backend]:
+    queue = unique_queue(store)
+    backend = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        yield backend
+    finally:
+        backend.close()
+        delete_queues(queue)
+
+
 FACTORY = BackendFactory(
     name="rabbitmq",
     open=realtime(_open),
+    open_live=_open_live,
     features=RabbitMQBackend.features,
     marks=(pytest.mark.rabbitmq,),
 )

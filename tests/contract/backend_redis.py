@@ -25,9 +25,21 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
             backend.close()
 
 
+@contextmanager
+def _open_live(store: str, /) -> Iterator[Backend]:
+    # No clock: "due" on the server's TIME, waits in BLPOP on the wake list.
+    with redis_prefix(store) as prefix:
+        backend = RedisBackend.from_url(REDIS_URL, prefix=prefix)
+        try:
+            yield backend
+        finally:
+            backend.close()
+
+
 FACTORY = BackendFactory(
     name="redis",
     open=_open,
+    open_live=_open_live,
     features=RedisBackend.features,
     marks=(pytest.mark.redis,),
 )

@@ -22,4 +22,15 @@ def _open(clock: FakeClock, store: str, /, **options: Any) -> Iterator[Backend]:
         backend.close()
 
 
-FACTORY = BackendFactory(name="sqlite", open=_open, features=SQLiteBackend.features)
+@contextmanager
+def _open_live(store: str, /) -> Iterator[Backend]:
+    backend = SQLiteBackend(store, synchronous="normal")
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+FACTORY = BackendFactory(
+    name="sqlite", open=_open, features=SQLiteBackend.features, open_live=_open_live
+)

@@ -8,14 +8,9 @@ from delayq.backends.base import Backend
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState
 from delayq.testing import FakeClock
-from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
 
-
-@pytest.fixture(autouse=True)
-def _only_stores_with_pages(factory: BackendFactory) -> None:
-    if factory.name not in ("memory", "sqlite"):
-        pytest.skip(f"{factory.name}: list_jobs(name=, after=) is not implemented for this store")
+pytestmark = pytest.mark.backend_features("inspect")
 
 
 def cursor(job: Job) -> tuple[float, str]:

@@ -198,6 +198,8 @@ _PARAMS: dict[str, Any] = {
     "delay": None,
     "older_than": 5.0,
     "all": True,
+    "name": "test.job",
+    "after_id": "s5",
 }
 
 
@@ -376,3 +378,118 @@ def test_terminated_backends_are_replaced_and_waiters_still_wake(
     assert backend.get("far") is not None
     job = backend.get("near")
     assert job is not None and job.state is JobState.RUNNING
+
+
+# -- one round trip paths, waking -----------------------------------------------------
+
+
+def test_complete_and_claim_finishes_the_batch_and_claims_the_next_jobs(
+    backend: PostgresBackend,
+) -> None:
+    from delayq.backends.base import Completion  # noqa: PLC0415
+
+    now = server_now(backend)
+    backend.enqueue([spec(f"j{i}", now - 10 + i) for i in range(4)])
+    first = backend.claim(limit=2, lease=LEASE)
+    stale = first[0]
+    answers, claims = backend.complete_and_claim(
+        [
+            Completion.ack(first[0]),
+            Completion.ack(stale),
+            Completion.retry(first[1], now - 20, "x"),
+        ],
+        limit=5,
+        lease=LEASE,
+    )
+    assert answers[0] is None and answers[2] is None
+    assert answers[1] is not None  # the same claim twice: applied once
+    # The retried job is due again and is claimed in the same transaction.
+    assert sorted(c.job.id for c in claims) == ["j1", "j2", "j3"]
+    nothing, none = backend.complete_and_claim([], limit=0, lease=LEASE)
+    assert nothing == [] and none == []
+    job = backend.get("j0")
+    assert job is not None and job.state is JobState.SUCCEEDED
+
+
+def test_an_idle_wait_costs_one_query_and_the_listener_sends_none(
+    backend: PostgresBackend, schema: str
+) -> None:
+    backend.enqueue([spec("far", delay=3600)])
+    backend.wait_for_due(0)  # starts the listener
+    calls = 0
+    original = backend._conn
+
+    def counting(doing: str) -> Any:
+        nonlocal calls
+        calls += 1
+        return original(doing)
+
+    backend._conn = counting  # type: ignore[method-assign]
+    backend.wait_for_due(0.3)
+    backend.wait_for_due(0.3)
+    assert calls == 2  # one read of the schedule per wait, nothing while asleep
+    with admin() as c:
+        rows = c.execute(
+            "SELECT query FROM pg_stat_activity WHERE application_name = %s "
+            "AND query LIKE 'LISTEN%%'",
+            (app_name(schema),),
+        ).fetchall()
+    assert len(rows) == 1  # the listener's last statement is still its LISTEN
+
+
+def test_only_a_job_earlier_than_the_head_is_notified(schema: str) -> None:
+    producer = PostgresBackend(POSTGRES_URL, schema=schema)
+    waiter = PostgresBackend(POSTGRES_URL, schema=schema)
+    try:
+        now = server_now(producer)
+        producer.enqueue([spec("head", now + 3600)])
+        done = threading.Event()
+        threading.Thread(target=lambda: (waiter.wait_for_due(60), done.set()), daemon=True).start()
+        assert wait_until(
+            lambda: waiter._listener is not None and len(waiter._listener.waiters) == 1
+        )
+        producer.enqueue([spec("later", now + 7200)])  # behind the head: no NOTIFY
+        producer.enqueue([spec("earlier", now + 60)])  # the new head: NOTIFY
+        assert done.wait(10)
+        assert waiter._listener is not None
+        heard = [due for _seq, due in waiter._listener.log]
+        assert heard == [pytest.approx(now + 60)]
+    finally:
+        producer.close()
+        waiter.close()
+
+
+def test_the_migrate_command_creates_the_schema_once(schema: str) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from delayq.cli import cli  # noqa: PLC0415
+
+    url = f"{POSTGRES_URL}?schema={schema}"
+    first = CliRunner().invoke(cli, ["--url", url, "migrate"])
+    assert first.exit_code == 0, first.output
+    assert f"migrated from version 0 to {SCHEMA_VERSION}" in first.output
+    again = CliRunner().invoke(cli, ["--url", url, "migrate"])
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    elsewhere = CliRunner().invoke(cli, ["--url", "sqlite:///jobs.db", "migrate"])
+    assert elsewhere.exit_code != 0 and "postgresql://" in elsewhere.output
+    PostgresBackend(POSTGRES_URL, schema=schema, migrate=False).close()  # now accepted
+
+
+def test_dead_letters_are_kept_dead_ttl_then_purged_in_batches(schema: str) -> None:
+    from delayq.testing import FakeClock  # noqa: PLC0415
+
+    clock = FakeClock()
+    store = PostgresBackend(POSTGRES_URL, schema=schema, clock=clock, dead_ttl=3600)
+    try:
+        t0 = clock.time()
+        store.enqueue([spec("d", t0)])
+        [claim] = store.claim(limit=1, lease=LEASE)
+        store.bury(claim, "boom")
+        clock.advance(3599)
+        store.claim(limit=1, lease=LEASE)
+        assert [j.id for j in store.dead_letters()] == ["d"]
+        clock.advance(2)
+        store.claim(limit=1, lease=LEASE)  # the purge runs from the claim path
+        assert store.dead_letters() == [] and store.get("d") is None
+    finally:
+        store.close()

@@ -1,6 +1,6 @@
-"""Three worker processes on one SQLite store (and on Redis) run a 1-second schedule: every
-occurrence exactly once, edits and pauses take effect while they run, and
-removing the schedule stops it."""
+"""Three worker processes on one SQLite store (and on Redis and PostgreSQL) run a
+1-second schedule: every occurrence exactly once, edits and pauses take effect
+while they run, and removing the schedule stops it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 from delayq.app import DelayQ
 from delayq.recurring import occurrence_id
 from tests._util import wait_until
+from tests.postgres_support import POSTGRES_URL, pg_schema
 from tests.redis_support import REDIS_URL, redis_client, redis_prefix
 
 pytestmark = pytest.mark.slow
@@ -114,6 +115,16 @@ def redis_cluster(tmp_path: Path) -> Iterator[Cluster]:
             c.stop()
 
 
+@pytest.fixture
+def postgres_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with pg_schema() as schema:  # skips (or fails in CI) without a PostgreSQL server
+        c = Cluster(tmp_path, f"{POSTGRES_URL}?schema={schema}")
+        try:
+            yield c
+        finally:
+            c.stop()  # the workers exit (closing their connections) before the drop
+
+
 def occurrences(runs: list[Run], name: str) -> list[Run]:
     return [r for r in runs if r.job_id.startswith(name + "@")]
 
@@ -127,6 +138,13 @@ def test_three_workers_run_each_occurrence_of_a_1s_schedule_exactly_once(
 @pytest.mark.redis
 def test_three_workers_on_redis_run_each_occurrence_exactly_once(redis_cluster: Cluster) -> None:
     exactly_once_then_removed(redis_cluster)
+
+
+@pytest.mark.postgres
+def test_three_workers_on_postgres_run_each_occurrence_exactly_once(
+    postgres_cluster: Cluster,
+) -> None:
+    exactly_once_then_removed(postgres_cluster)
 
 
 def exactly_once_then_removed(cluster: Cluster) -> None:

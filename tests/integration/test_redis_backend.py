@@ -7,6 +7,7 @@ restart, reconfigure or ``SCRIPT FLUSH`` a server start a private
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -357,8 +358,13 @@ def _loaded(backend: RedisBackend) -> bool:
 
 
 class DroppingProxy:
-    """A TCP proxy that, once armed, forwards one matching command, lets the
-    server answer it, and then drops the client's connection without the reply."""
+    """A TCP proxy that, once armed, forwards one matching command, waits for the
+    server's answer, and drops the client's connection instead of passing it on.
+
+    Deterministic: the client sees its connection close only after the server
+    has run the command, and ``dropped`` is set before that, so a client that
+    retries at once always finds the first call's effects and the event set.
+    """
 
     def __init__(self, target_port: int) -> None:
         self._target = target_port
@@ -375,28 +381,45 @@ class DroppingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self._target))
-            threading.Thread(target=self._pump_up, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            armed = threading.Event()  # this connection's next reply is to be lost
+            threading.Thread(
+                target=self._pump_up, args=(client, upstream, armed), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump_down, args=(upstream, client, armed), daemon=True
+            ).start()
 
-    def _pump_up(self, client: socket.socket, upstream: socket.socket) -> None:
+    def _pump_up(
+        self, client: socket.socket, upstream: socket.socket, armed: threading.Event
+    ) -> None:
         while data := _recv(client):
-            upstream.sendall(data)
             if self.trigger is not None and self.trigger in data:
                 self.trigger = None
-                # Let the server run the command and answer, then lose the answer.
-                upstream.shutdown(socket.SHUT_WR)
-                client.close()
-                self.dropped.set()
-                return
-        upstream.close()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while data := _recv(src):
+                armed.set()  # before the server can answer
             try:
-                dst.sendall(data)
+                upstream.sendall(data)
             except OSError:
                 break
-        src.close()
+        upstream.close()
+        client.close()
+
+    def _pump_down(
+        self, upstream: socket.socket, client: socket.socket, armed: threading.Event
+    ) -> None:
+        while data := _recv(upstream):
+            if armed.is_set():
+                # The server ran the command and answered: lose the answer.
+                self.dropped.set()
+                # shutdown, not just close: another thread is blocked reading it
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_RDWR)
+                client.close()
+                break
+            try:
+                client.sendall(data)
+            except OSError:
+                break
+        upstream.close()
 
     def close(self) -> None:
         self._listener.close()
@@ -421,7 +444,7 @@ def test_a_claim_whose_reply_is_lost_is_retried_and_returns_the_same_claims(
         backend.enqueue([spec(f"j{i}", now - 10 + i, max_attempts=1) for i in range(6)])
         assert backend.claim(limit=1, lease=1.0, now=0.0) == []  # loads the script
         proxy.trigger = backend._conn.sha("claim").encode()
-        first = backend.claim(limit=3, lease=1.0)  # the first attempt's reply is lost
+        first = backend.claim(limit=3, lease=30.0)  # the first attempt's reply is lost
         assert proxy.dropped.is_set()
         assert [c.job.id for c in first] == ["j0", "j1", "j2"]
         assert [c.attempt for c in first] == [1, 1, 1]

@@ -7,6 +7,7 @@ under a per-test key prefix.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from delayq import DelayQ
 from delayq.backends.redis import RedisBackend
-from delayq.errors import BackendError, StaleClaim
+from delayq.errors import BackendError, ConfigurationError, StaleClaim
 from delayq.job import CancelOutcome, JobSpec, JobState
 from tests._util import wait_until
 from tests.redis_support import REDIS_URL, RedisServer, private_redis, redis_prefix
@@ -265,3 +267,129 @@ def test_expiry_events_with_a_far_future_due_time_store_the_whole_batch(
         assert backend.reschedule("soon", 1e19).rescheduled
     finally:
         backend.close()
+
+
+# -- restricted ACLs and outages ------------------------------------------------------------
+
+
+def test_without_client_unblock_waits_fall_back_to_bounded_blpops_and_still_wake(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    admin.acl_setuser(
+        "limited",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-client"],
+    )
+    admin.close()
+    url = f"redis://limited:pw@127.0.0.1:{server.port}/0"
+    with caplog.at_level(logging.WARNING, logger="delayq.redis"):
+        backend = RedisBackend.from_url(url)
+    producer = RedisBackend.from_url(url)
+    try:
+        assert not backend._wakes.unblock
+        assert "restricted ACL" in caplog.text and "pw" not in caplog.text
+        started = server_time(backend)
+        backend.wait_for_due(0.4)  # nothing due: the whole wait, and not late
+        assert 0.35 <= server_time(backend) - started < 1.0
+        sleeper = Sleeper(backend, max_wait=60)
+        assert wait_until(lambda: sleeper.blocked, timeout=5)
+        producer.enqueue([spec("j", server_time(producer))])  # its token wakes the waiter
+        assert sleeper.done.wait(5)
+        assert len(backend.claim(limit=1, lease=60.0)) == 1
+        backend._redis.delete(backend._keys["wake"])  # the token that claim left
+        sleeper = Sleeper(backend, max_wait=60)
+        assert wait_until(lambda: sleeper.blocked, timeout=5)
+        backend.interrupt()
+        assert sleeper.done.wait(5)
+    finally:
+        producer.close()
+        backend.close()
+
+
+def test_a_wait_during_an_outage_returns_soon_and_claims_work_once_redis_is_back(
+    server: RedisServer,
+) -> None:
+    backend = RedisBackend.from_url(server.url)
+    try:
+        backend.enqueue([spec("j", server_time(backend) + 3600)])
+        server.stop()
+        sleeper = Sleeper(backend, max_wait=30)
+        assert sleeper.done.wait(5), "a wait during an outage must not block for max_wait"
+        server.start()
+        backend.enqueue([spec("now", 0.0)])  # everything lost; the store works again
+        assert [c.job.id for c in backend.claim(limit=5, lease=30.0)] == ["now"]
+    finally:
+        backend.close()
+
+
+def test_an_evicting_policy_set_while_workers_run_is_logged_by_the_next_check(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="delayq.redis"):
+        backend = RedisBackend.from_url(server.url)
+    try:
+        assert "appendonly no" in caplog.text  # the private server has no AOF
+        admin = server.client()
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        admin.close()
+        backend._server._next_check = 0.0  # the check is due
+        with caplog.at_level(logging.ERROR, logger="delayq.redis"):
+            backend.claim(limit=1, lease=30.0)
+        assert "maxmemory-policy allkeys-lru" in caplog.text
+    finally:
+        backend.close()
+
+
+def test_a_unix_socket_url_works_through_delayq(tmp_path: Path) -> None:
+    socket_path = tmp_path / "redis.sock"
+    with private_redis(tmp_path, "--unixsocket", str(socket_path), "--unixsocketperm", "700"):
+        app = DelayQ(f"unix://{socket_path}?db=0&queue=q")
+        try:
+            job_id = app.schedule("t", {"a": 1}, delay=60)
+            job = app.backend.get(job_id)
+            assert job is not None and job.payload == {"a": 1}
+        finally:
+            app.close()
+
+
+# -- WAIT / WAITAOF ---------------------------------------------------------------------------
+
+
+def test_wait_replicas_returns_once_a_replica_has_the_jobs_and_says_so_when_none_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "r").mkdir()
+    with private_redis(tmp_path / "m") as master:
+        replica = RedisServer(tmp_path / "r", "--replicaof", "127.0.0.1", str(master.port))
+        replica.start()
+        admin = master.client()
+        follower = replica.client()
+        up = lambda: follower.info("replication").get("master_link_status") == "up"  # noqa: E731
+        assert wait_until(up, timeout=20), "the replica did not sync"
+        follower.close()
+        backend = RedisBackend.from_url(f"{master.url}?wait_replicas=1&wait_timeout=2")
+        try:
+            backend.enqueue([spec("a", 0.0)])
+            assert replica.client().exists(backend._keys["job:"] + "a")  # there already
+            replica.stop()
+            assert wait_until(lambda: admin.info("replication")["connected_slaves"] == 0)
+            with pytest.raises(BackendError, match="0 of 1 replicas"):
+                backend.enqueue([spec("b", 0.0)])
+            assert backend.get("b") is not None  # stored on the master, as it says
+        finally:
+            backend.close()
+            admin.close()
+            replica.stop()
+
+
+def test_wait_aof_needs_a_server_that_has_waitaof(server: RedisServer) -> None:
+    version = server.client().info("server")["redis_version"]
+    if tuple(int(x) for x in version.split(".")[:2]) >= (7, 2):
+        pytest.skip(f"Redis {version} has WAITAOF")
+    with pytest.raises(ConfigurationError, match="WAITAOF"):
+        RedisBackend.from_url(server.url, wait_aof=True)

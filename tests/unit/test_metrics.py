@@ -231,3 +231,13 @@ def test_several_worker_processes_aggregate_through_the_multiprocess_directory(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
     text = generate_latest(exposition_registry(None, MemoryBackend())).decode()
     assert 'delayq_jobs_succeeded_total{name="mail"} 7.0' in text
+
+
+def test_a_store_that_keeps_no_index_of_jobs_has_no_store_gauges() -> None:
+    class Broker(MemoryBackend):
+        features = frozenset({"definite_cancel"})
+
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(Broker()))
+    assert registry.get_sample_value("delayq_store_up") is None
+    assert generate_latest(registry) == b""

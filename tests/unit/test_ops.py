@@ -179,3 +179,28 @@ def test_in_multiprocess_mode_a_taken_port_means_a_sibling_serves_the_sum(
             second.close()
         finally:
             first.close()
+
+
+def test_worker_ops_serve_the_dashboard_charting_this_workers_lateness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("uvicorn")
+    monkeypatch.delenv("DELAYQ_WEB_TOKEN", raising=False)
+    with DelayQ(f"sqlite:///{tmp_path / 'ops.db'}") as app:
+        ops = WorkerOps(app, web_port=0)
+        with caplog.at_level(logging.INFO, logger="delayq.worker"):
+            ops.start()
+        try:
+            assert ops.web_url is not None
+            assert f"dashboard on {ops.web_url}?token=" in caplog.text
+            for lateness in (0.004, 0.02, 0.3):
+                ops.on_result(JobResult("j", "mail", 1, "succeeded", lateness, 0.1))
+            with urllib.request.urlopen(ops.web_url + "api/overview", timeout=10) as response:
+                data = json.loads(response.read())
+            with urllib.request.urlopen(ops.web_url + "metrics", timeout=10) as response:
+                text = response.read().decode()
+        finally:
+            ops.close()
+    assert data["lateness_source"] == "this process's worker"
+    assert data["lateness"][0]["count"] == 3 and data["lateness"][0]["p99"] == 0.5
+    assert 'delayq_jobs_succeeded_total{name="mail"} 3.0' in text

@@ -12,6 +12,8 @@ from typing import ClassVar
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from delayq import DelayQ, MissedRuns, Schedule
 from delayq.backends.base import ScheduleRecord, ScheduleStore
@@ -23,7 +25,7 @@ from delayq.errors import (
     InvalidOption,
     InvalidPayload,
 )
-from delayq.job import JobState
+from delayq.job import JobSpec, JobState
 from delayq.recurring import LEAD, TICK_HANDLER, occurrence_id, plan, tick_id
 from delayq.testing import FakeClock
 from tests.recurring_support import context, drive
@@ -517,3 +519,94 @@ def test_a_schedule_added_again_right_after_removal_runs_its_next_occurrence(
     app.remove_recurring("poll")
     app.recurring("poll", every=60, start=first)
     assert [r.run_at for r in drive(app, clock, first + 1)] == [first]
+
+
+class _Envelope:
+    """A producer hook that wraps every payload (as tracing does) and records the ids."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def before_enqueue(self, specs: list[JobSpec]) -> list[JobSpec]:
+        self.seen.extend(s.id for s in specs)
+        return [dataclasses.replace(s, payload=f'{{"wrapped":{s.payload}}}') for s in specs]
+
+    def after_enqueue(self, specs: object, outcomes: object) -> None:
+        pass
+
+    def after_cancel(self, job_id: str, outcome: object) -> None:
+        pass
+
+
+def test_a_schedules_own_jobs_pass_by_the_producer_hooks(app: DelayQ, clock: FakeClock) -> None:
+    hook = _Envelope()
+    app.add_hook(hook)
+    app.recurring("poll", every=60, payload={"n": 1})
+    ran = drive(app, clock, clock.time() + 121)
+    assert [r.payload for r in ran] == [{"n": 1}, {"n": 1}]
+    assert hook.seen == []
+
+
+@settings(max_examples=150)
+@given(
+    expr=st.sampled_from(
+        ["30 2 * * *", "0 * * * *", "*/20 * * * *", "15 1,2,3 * * *", "0 0 L * *", "0 9 * * 1-5"]
+    ),
+    zone=st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"]),
+    start=st.floats(min_value=1.77e9, max_value=1.84e9),
+)
+def test_looking_back_finds_exactly_the_occurrences_looking_forward_found(
+    expr: str, zone: str, start: float
+) -> None:
+    # A tick finds its own occurrence by looking back from now; the chain found it
+    # by looking forward. Both walks must agree, DST transitions included.
+    schedule = Schedule(name="p", handler="p", cron=expr, tz=zone)
+    forward: list[float] = []
+    at: float | None = start
+    for _ in range(12):
+        at = schedule.next_after(at) if at is not None else None
+        if at is None:
+            break
+        forward.append(at)
+    assert schedule.due_between(forward[0], forward[-1], 100) == forward
+    for occurrence in forward:
+        assert schedule.due_between(occurrence, occurrence, 1) == [occurrence]
+
+
+def test_a_resume_racing_the_tick_that_saw_the_pause_keeps_the_chain(
+    app: DelayQ, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app.recurring("poll", every=60)
+    first = clock.time() + 60
+    app.pause_recurring("poll")
+    store = app.backend
+    assert isinstance(store, ScheduleStore)
+    read = store.get_schedule
+    raced: list[bool] = []
+
+    def read_then_resume(name: str) -> ScheduleRecord | None:
+        record = read(name)
+        if not raced:  # the tick read "paused"; the resume commits before it ends
+            raced.append(True)
+            app.resume_recurring("poll")
+        return record
+
+    monkeypatch.setattr(store, "get_schedule", read_then_resume)
+    ran = drive(app, clock, first + 121)
+    assert raced
+    assert [r.run_at for r in ran] == [first, first + 60, first + 120]
+
+
+def test_resume_restarts_a_chain_whose_tick_was_dead_lettered(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    app.recurring("poll", every=60)
+    begin = clock.time()
+    [tick] = app.list_jobs()
+    clock.advance(tick.run_at - clock.time())
+    [claim] = app.backend.claim(limit=1, lease=30)
+    app.backend.bury(claim, "BackendUnavailable: the store was down for hours")
+    assert drive(app, clock, begin + 300) == []  # the chain stopped (loudly: a dead letter)
+    assert [j.id for j in app.dead_letters()] == [tick.id]
+    assert app.resume_recurring("poll") is True  # not paused: it restarts the chain
+    assert [r.run_at - begin for r in drive(app, clock, begin + 421)] == [360.0, 420.0]

@@ -90,3 +90,9 @@ def test_a_bad_url_option_names_itself() -> None:
 def test_the_password_is_masked_in_the_reported_url() -> None:
     assert mask("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
     assert mask("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_a_password_in_the_query_is_masked_too() -> None:
+    masked = mask("redis://h:6379/0?password=s3cret&queue=q&sentinel_password=x2")
+    assert "s3cret" not in masked and "x2" not in masked
+    assert "password=***" in masked and "queue=q" in masked

@@ -107,6 +107,18 @@ def test_equal_deadlines_fire_in_scheduling_order(h: Harness) -> None:
     assert h.names() == list("abcdef")
 
 
+def test_a_burst_of_due_callbacks_runs_completely_in_order_and_each_failure_alone(
+    h: Harness,
+) -> None:
+    def fail() -> None:
+        raise ValueError("boom")
+
+    for i in range(150):
+        h.timer.schedule_at(START + 0.05, fail if i % 40 == 7 else h.record(str(i)))
+    h.advance_to(START + 0.5)
+    assert h.names() == [str(i) for i in range(150) if i % 40 != 7]
+
+
 def test_a_callback_never_runs_before_its_deadline(h: Harness) -> None:
     handle = h.timer.schedule_after(0.05, h.record("x"))
     h.advance_to(handle.deadline - 0.0001)

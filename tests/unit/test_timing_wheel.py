@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import tracemalloc
@@ -11,8 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delayq import HashedWheel, HierarchicalWheel, InvalidOption, TimerHandle, TimingWheel
+from delayq import (
+    HashedWheel,
+    HashedWheelTimer,
+    HierarchicalWheel,
+    InvalidOption,
+    TimerHandle,
+    TimingWheel,
+)
 from delayq.testing import FakeClock
+from delayq.timers.base import COMPACT_MIN
 from tests._util import wait_until
 
 
@@ -270,3 +279,75 @@ def test_fired_tasks_and_their_order_match_a_heap_model(
                     due.append(seq)
             assert fired == due
         assert len(wheel) == sum(1 for _, s in model if s not in cancelled)
+
+
+# -- flat buckets: lazy cancellation, compaction, no references between handles -----------
+WHEELS = {k: v for k, v in CORES.items() if k != "hierarchical_early"}
+
+
+@pytest.mark.parametrize("core", sorted(WHEELS))
+def test_cancelled_handles_are_compacted_once_they_outnumber_pending_ones(core: str) -> None:
+    wheel = WHEELS[core](8)
+    count = 2 * COMPACT_MIN + 10
+    handles = [wheel.schedule_at(1000.0 + i % 7, noop, i) for i in range(count)]
+    keep = set(range(0, count, count // 10))
+    for i, handle in enumerate(handles):
+        if i not in keep:
+            assert handle.cancel() is True
+    assert len(wheel) == len(keep)
+    assert wheel._held == count  # cancelled handles wait in their buckets (lazy)
+    assert wheel.advance(1.0) == []  # an advance compacts: the cancelled outnumber the rest
+    assert wheel._held == len(keep)
+    fired = wheel.advance(2000.0)
+    assert [h.args[0] for h in fired] == sorted(keep, key=lambda i: (1000.0 + i % 7, i))
+    assert len(wheel) == 0
+
+
+@pytest.mark.parametrize("core", sorted(WHEELS))
+def test_a_few_cancelled_handles_wait_for_their_bucket_instead(core: str) -> None:
+    wheel = WHEELS[core](8)
+    handles = [wheel.schedule_at(50.0, noop, i) for i in range(10)]
+    for handle in handles[::2]:
+        handle.cancel()
+    wheel.advance(1.0)
+    assert wheel._held == 10
+    assert [h.args[0] for h in wheel.advance(60.0)] == [1, 3, 5, 7, 9]
+    assert wheel._held == 0
+
+
+@pytest.mark.parametrize("core", sorted(WHEELS))
+def test_max_pending_does_not_count_cancelled_handles_still_in_a_bucket(core: str) -> None:
+    wheel = HierarchicalWheel if core == "hierarchical" else HashedWheel
+    bounded = wheel(tick=1.0, start=0.0, max_pending=2)
+    first = bounded.schedule_at(100.0, noop)
+    bounded.schedule_at(100.0, noop)
+    assert first.cancel() is True
+    bounded.schedule_at(100.0, noop)  # room again, though the cancelled one was never passed
+    assert len(bounded) == 2
+
+
+@pytest.mark.parametrize("core", sorted(WHEELS))
+def test_a_pending_handle_refers_to_no_other_handle(core: str) -> None:
+    wheel = WHEELS[core](8)
+    first = wheel.schedule_at(30.0, noop)
+    second = wheel.schedule_at(30.0, noop, first)  # an argument may be one, of course
+    assert not [r for r in gc.get_referents(first) if isinstance(r, TimerHandle)]
+    assert [r for r in gc.get_referents(second) if isinstance(r, TimerHandle)] == []
+    assert [r for r in gc.get_referents(*gc.get_referents(second)) if r is first] == [first]
+
+
+@pytest.mark.parametrize("make", [TimingWheel, HashedWheelTimer])
+def test_a_sleeping_timer_is_woken_to_compact_when_cancels_pile_up(make: Any) -> None:
+    clock = FakeClock(monotonic_start=0.0)
+    with make(clock=clock) as timer:
+        handles = [timer.schedule_after(3600.0, noop) for _ in range(2 * COMPACT_MIN + 8)]
+        for handle in handles[8:]:
+            handle.cancel()
+        assert timer.pending() == 8
+        core = timer._core
+
+        def held() -> int:
+            with timer._lock:
+                return int(core._held)
+
+        assert wait_until(lambda: held() == 8, timeout=10)

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
+from delayq.errors import Unsupported
 from delayq.job import Job, JobState
 from delayq.metrics import LatenessSeries, Metrics
 from delayq.web import create_app, views
@@ -313,3 +314,43 @@ def test_a_separate_dashboard_charts_what_the_hosts_workers_wrote_since_it_start
         data = client.get("/api/overview").json()
     assert str(directory) in data["lateness_source"]
     assert data["lateness"][0]["count"] >= 2
+
+
+def test_page_forms_reschedule_requeue_and_purge_with_the_csrf_value(
+    app: DelayQ, client: TestClient
+) -> None:
+    csrf = login(client)
+    job_id = app.schedule("mail", delay=60)
+    moved = client.post(
+        f"/jobs/{job_id}/reschedule", data={"csrf": csrf, "delay": "3h"}, follow_redirects=False
+    )
+    assert moved.headers["location"].endswith("?done=rescheduled")
+    job = app.get(job_id)
+    assert job is not None and job.run_at > app.clock.time() + 3 * 3600 - 60
+    both = client.post(f"/jobs/{job_id}/reschedule", data={"csrf": csrf, "delay": "1m", "at": "1"})
+    assert both.status_code == 400 and "exactly one" in both.text
+    for dead_id in ("d1", "d2"):
+        app.schedule("mail", job_id=dead_id)
+        bury(app, dead_id, "boom")
+    back = client.post(
+        "/jobs/d1/requeue", data={"csrf": csrf, "back": "dead"}, follow_redirects=False
+    )
+    assert back.headers["location"] == "/dead?done=d1%3A+requeued"
+    purged = client.post("/dead/purge", data={"csrf": csrf, "id": "d2"})
+    assert purged.status_code == 200 and "purged 1 dead job(s)" in purged.text
+    assert client.post("/dead/purge", data={"csrf": csrf}).status_code == 400
+    assert client.post("/dead/purge", data={"id": "d1"}).status_code == 403
+
+
+def test_a_store_that_cannot_list_says_so_with_501(monkeypatch: pytest.MonkeyPatch) -> None:
+    with DelayQ("memory://") as app:
+
+        def cannot(*args: object, **kwargs: object) -> None:
+            raise Unsupported("this store keeps no record of a job outside its message")
+
+        monkeypatch.setattr(app, "stats", cannot)
+        with TestClient(create_app(app, token=TOKEN)) as client:
+            page = client.get("/")
+            api = client.get("/api/overview")
+    assert page.status_code == 501 and "keeps no record" in page.text
+    assert api.status_code == 501 and "keeps no record" in api.json()["error"]

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import gc
 import os
-import queue
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -19,51 +18,14 @@ from typing import Any
 
 import pytest
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import JobContext
 from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import BackendUnavailable, InvalidOption, StaleClaim
 from delayq.job import Claim, JobState
-from delayq.testing import FakeClock
 from delayq.worker import JobResult, Worker, percentile
 from tests._util import wait_until
-
-T0 = 1_700_000_000.0
-TIMEOUT = 10.0  # real seconds; only reached when something is broken
-
-
-class Harness:
-    """An app on a FakeClock plus a worker whose results land in a queue."""
-
-    def __init__(self, store: type[MemoryBackend] = MemoryBackend, **worker_options: Any) -> None:
-        self.clock = FakeClock(T0)
-        self.backend = store(clock=self.clock)
-        self.app = DelayQ(backend=self.backend, clock=self.clock)
-        self.results: queue.Queue[JobResult] = queue.Queue()
-        options: dict[str, Any] = {"idle_wait": 3600.0, "on_result": self.results.put}
-        options.update(worker_options)
-        self.options = options
-        self.worker: Worker | None = None
-
-    def start(self) -> Worker:
-        self.worker = Worker(self.app, **self.options).start()
-        return self.worker
-
-    def next_result(self) -> JobResult:
-        return self.results.get(timeout=TIMEOUT)
-
-    def asleep(self, waiters: int = 1) -> None:
-        """Block until ``waiters`` threads wait on the clock (the worker is idle)."""
-        assert self.clock.wait_for_waiters(waiters, TIMEOUT)
-
-    def job(self, job_id: str) -> Any:
-        job = self.app.get(job_id)
-        assert job is not None
-        return job
-
-    def stop(self) -> None:
-        if self.worker is not None and self.worker.running:
-            self.worker.stop(grace=0)
+from tests.unit._worker_harness import T0, TIMEOUT, Harness
 
 
 @pytest.fixture
@@ -601,7 +563,14 @@ def test_stop_lets_an_in_flight_handler_finish(h: Harness) -> None:
 def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness) -> None:
     release = threading.Event()
     started = threading.Event()
-    h.app.register("x", lambda p: (started.set(), release.wait(TIMEOUT)))
+    threads: list[threading.Thread] = []
+
+    def hang(payload: Any) -> None:
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(TIMEOUT)
+
+    h.app.register("x", hang)
     job_id = h.app.schedule("x", delay=0)
     worker = h.start()
     assert started.wait(TIMEOUT)
@@ -613,7 +582,10 @@ def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness
     job = h.job(job_id)
     assert job.state is JobState.RUNNING  # its lease runs out; another worker runs it
     release.set()
-    assert h.results.empty()
+    threads[0].join(TIMEOUT)  # the abandoned handler returned and its thread is done
+    assert not threads[0].is_alive()
+    assert h.results.empty()  # its late result is neither recorded nor reported
+    assert h.job(job_id).state is JobState.RUNNING
 
 
 class _StopOnClaim(MemoryBackend):
@@ -719,6 +691,10 @@ def test_the_worker_as_a_context_manager_starts_and_stops(h: Harness) -> None:
         ("lease", float("nan")),
         ("grace", -1),
         ("idle_wait", "1s"),
+        ("prefetch", -1),
+        ("prefetch", 1.5),
+        ("unknown_handler_grace", -1),
+        ("unknown_handler_grace", float("inf")),
     ],
 )
 def test_bad_worker_options_are_rejected(h: Harness, option: str, value: Any) -> None:

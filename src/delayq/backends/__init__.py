@@ -30,6 +30,12 @@ _BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
     "sqlite": ("delayq.backends.sqlite", "SQLiteBackend", None, None),
     "redis": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
     "rediss": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+    "unix": ("delayq.backends.redis", "RedisBackend", "redis", "redis"),
+    **{
+        f"{s}+{kind}": ("delayq.backends.redis", "RedisBackend", "redis", "redis")
+        for s in ("redis", "rediss")
+        for kind in ("cluster", "sentinel")
+    },
     "postgresql": ("delayq.backends.postgres", "PostgresBackend", "postgres", "psycopg_pool"),
     "postgres": ("delayq.backends.postgres", "PostgresBackend", "postgres", "psycopg_pool"),
     "amqp": ("delayq.backends.rabbitmq", "RabbitMQBackend", "rabbitmq", "pika"),

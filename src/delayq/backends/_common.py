@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from delayq._validate import check_job_id, utf8_problem
 from delayq.backends.base import Completion
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
-from delayq.job import Claim, JobSpec, JobState
+from delayq.job import Claim, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
 
@@ -40,6 +40,8 @@ __all__ = [
     "check_when",
     "clip_error",
     "complete_then_claim",
+    "encode_backoff",
+    "filtered_page",
     "readable_json",
     "undecodable_error",
     "format_time",
@@ -99,6 +101,39 @@ def check_list_cursor(after: object) -> tuple[float, str] | None:
     return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
+def filtered_page(
+    read: Callable[[float | None, int], list[Job]],
+    *,
+    due_after: float | None,
+    limit: int,
+    name: str | None,
+    after: tuple[float, str] | None,
+) -> list[Job]:
+    """``list_jobs(name=, after=)`` for a store that lists only by state and window.
+
+    ``read(due_after, n)`` is the store's own listing (its order, its filters)
+    of at most ``n`` jobs. Reads from the cursor's due time on, skips the jobs up
+    to the cursor job itself (ties keep the store's order), filters by name, and
+    reads a larger window until the page is full or the store has no more: a
+    walk, like an index walk, never a sort of everything. When the cursor job is
+    gone nothing is skipped (a page may repeat a job, never skip one).
+    """
+    limit = check_limit(limit)
+    cursor = check_list_cursor(after)
+    start = due_after
+    if cursor is not None:
+        start = cursor[0] if start is None else max(start, cursor[0])
+    want = max(2 * limit, 100)
+    while True:
+        rows = read(start, want)
+        ids = [job.id for job in rows]
+        unread = rows[ids.index(cursor[1]) + 1 :] if cursor and cursor[1] in ids else rows
+        page = [job for job in unread if name is None or job.name == name][:limit]
+        if len(page) == limit or len(rows) < want:
+            return page
+        want *= 4
+
+
 def check_lease(lease: object) -> float:
     seconds = _finite(lease)
     if seconds is None or seconds <= 0:
@@ -153,8 +188,17 @@ def check_when(run_at: object, delay: object) -> tuple[float | None, float | Non
     return check_run_at(run_at), None
 
 
+encode_backoff = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+"""A backoff dict as compact JSON text (one encoder, built once: ``json.dumps``
+with options builds a new one per call, several times slower)."""
+
+
 def _not_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (only finite numbers are)")
+
+
+_decode_payload = json.JSONDecoder(parse_constant=_not_json_constant).decode
+"""JSON text to data, refusing NaN and infinities (one decoder, built once)."""
 
 
 def _check_text(value: object, field: str, job_id: str) -> None:
@@ -189,7 +233,7 @@ def check_spec(spec: object) -> JobSpec:
     if problem is not None:
         raise InvalidPayload(f"job {job_id!r}: payload {problem}")
     try:
-        json.loads(payload, parse_constant=_not_json_constant)
+        _decode_payload(payload)
     except ValueError as exc:
         raise InvalidPayload(f"job {job_id!r}: payload is not valid JSON text: {exc}") from exc
     except RecursionError as exc:
@@ -211,7 +255,7 @@ def check_spec(spec: object) -> JobSpec:
     if not isinstance(spec.backoff, dict):
         raise InvalidOption(f"job {job_id!r}: backoff must be a dict, got {spec.backoff!r}")
     try:
-        json.dumps(spec.backoff, allow_nan=False)
+        encode_backoff(spec.backoff)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidOption(f"job {job_id!r}: backoff must be JSON data: {exc}") from exc
     _check_text(spec.misfire, "misfire", job_id)

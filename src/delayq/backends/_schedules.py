@@ -1,7 +1,7 @@
 """Schedule records (the ``recurring`` feature): shared checks and the in-memory store.
 
 Each store keeps its schedule records in a mixin of its own module
-(``MemorySchedules`` here, :mod:`delayq.backends._sqlite_schedules`,
+(``MemorySchedules`` here, :mod:`delayq.backends.sqlite._schedules`,
 :mod:`delayq.backends.redis._schedules`), separate from its job methods: the
 records are a small key-value table with compare-and-set, nothing more.
 """

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
     RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
@@ -212,17 +213,26 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             self._cond.notify_all()
 
     def _purge_finished(self, now: float) -> None:
+        """Forget at most ``PURGE_BATCH`` records past ``result_ttl`` per call, so
+        no call pauses for a big purge; reads skip the rest (:meth:`_gone`)."""
         cutoff = now - self._result_ttl
         fin = self._finished
-        while fin and fin[0][0] <= cutoff:
+        for _ in range(PURGE_BATCH):
+            if not fin or fin[0][0] > cutoff:
+                return
             _at, version, job_id = heapq.heappop(fin)
             rec = self._jobs.get(job_id)
             if rec is not None and rec.version == version and rec.state in TTL_STATES:
                 del self._jobs[job_id]
 
+    def _gone(self, rec: _Record, now: float) -> bool:
+        """A finished record past ``result_ttl`` that is not purged yet."""
+        return rec.state in TTL_STATES and rec.updated_at <= now - self._result_ttl
+
     def _lookup(self, job_id: str, now: float) -> _Record | None:
         self._purge_finished(now)
-        return self._jobs.get(job_id)
+        rec = self._jobs.get(job_id)
+        return None if rec is None or self._gone(rec, now) else rec
 
     def _expire_leases(self, now: float) -> None:
         while (expiry := self._next_lease_expiry()) is not None and expiry <= now:
@@ -283,8 +293,9 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             seen: dict[str, JobState] = {}
             for spec in specs:
                 existing = seen.get(spec.id)
-                if existing is None and spec.id in self._jobs:
-                    existing = self._jobs[spec.id].state
+                old = self._jobs.get(spec.id)
+                if existing is None and old is not None and not self._gone(old, now):
+                    existing = old.state
                 if existing is None:
                     outcomes.append(EnqueueOutcome.CREATED)
                 elif on_conflict == "keep":
@@ -502,7 +513,8 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         cursor = check_list_cursor(after)
         with self._lock:
             self._check_open()
-            self._purge_finished(self._clock.time())
+            now = self._clock.time()
+            self._purge_finished(now)
             start: tuple[float, int] | None = None
             if cursor is not None:
                 last = self._jobs.get(cursor[1])
@@ -511,6 +523,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                 r
                 for r in self._jobs.values()
                 if (state is None or r.state is state)
+                and not self._gone(r, now)
                 and (name is None or r.name == name)
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
@@ -532,6 +545,8 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             counts = dict.fromkeys(JobState, 0)
             due = 0
             for rec in self._jobs.values():
+                if self._gone(rec, now):
+                    continue
                 counts[rec.state] += 1
                 if rec.state is JobState.SCHEDULED and rec.run_at <= now:
                     due += 1

@@ -18,7 +18,10 @@ Rules every implementation follows:
   after it, so it may be up to one tick late.
 * Callbacks run on an executor (a small thread pool by default), never on the
   timer's own thread and never under its lock. A callback that raises is
-  logged and does not stop the timer.
+  logged and does not stop the timer. When more than a handful fall due at
+  once they are handed over in chunks of up to 32, run in order on one
+  executor thread each: a callback that blocks delays the rest of its chunk
+  (give blocking work its own executor), never the timer.
 * ``schedule_*`` and ``cancel`` are O(1) on the wheels.
 
 :class:`TimerHandle` is both what the user holds and what the wheels keep in

@@ -24,6 +24,10 @@ fires up to one tick late (the seed measured about 30 ms mean error with
 
 :class:`HashedWheel` is the pure core (``advance(now)``, no thread, no clock);
 :class:`HashedWheelTimer` is the threaded :class:`~delayq.timers.base.Timer`.
+
+This module is past 400 lines on purpose: the schedule path is written out
+twice (``schedule_at`` and the timer's ``schedule_after``) so that each call is
+one Python frame.
 """
 
 from __future__ import annotations
@@ -227,7 +231,10 @@ class HashedWheel:
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
             delay = check_seconds(delay, "delay")
-        deadline = self._monotonic() + delay
+        try:
+            deadline = self._monotonic() + delay
+        except OverflowError:  # an int past float's range: check_seconds says so
+            deadline = self._monotonic() + check_seconds(delay, "delay")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()

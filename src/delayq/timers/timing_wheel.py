@@ -25,6 +25,11 @@ expiration, so the heap holds at most one entry per bucket.
 Times inside the core are integer ticks counted from ``start``: a task's tick
 is the first boundary at or after its deadline (it never fires early), and
 ``advance(now)`` processes every bucket whose expiration is ``<= now``.
+
+This module is long on purpose: the core's schedule path is written out twice
+(``schedule_at`` and the timer's ``schedule_after``) so that each call is one
+Python frame, and the core, its levels and buckets, and the thin timer around
+them change together.
 """
 
 from __future__ import annotations
@@ -342,7 +347,10 @@ class HierarchicalWheel:
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
             delay = check_seconds(delay, "delay")
-        deadline = self._monotonic() + delay
+        try:
+            deadline = self._monotonic() + delay
+        except OverflowError:  # an int past float's range: check_seconds says so
+            deadline = self._monotonic() + check_seconds(delay, "delay")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
@@ -605,8 +613,9 @@ class HierarchicalWheel:
         1 ms ticks a 400 ms level-2 bucket holds 8,000 tasks at 20,000 timers
         per second, several milliseconds of work during which nothing else
         fires. A driver calls this instead while it would otherwise sleep:
-        once the current tick is within one bucket width of a big bucket's
-        expiration (``early_cascade`` tasks or more), its tasks are linked into
+        once the current tick is within one bucket width (at most
+        ``wheel_size**2`` ticks) of a big bucket's expiration
+        (``early_cascade`` tasks or more), its tasks are moved to
         the buckets of the level below that they would reach at expiration
         (buckets are absolute ticks, and that level's ring has room for one
         more turn). At most ``max_tasks`` move per call, so the caller can

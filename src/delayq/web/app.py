@@ -37,7 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from delayq.app import DelayQ
-from delayq.errors import DelayqError, InvalidInput
+from delayq.errors import DelayqError, InvalidInput, Unsupported
 from delayq.metrics import (
     LatenessSeries,
     Metrics,
@@ -293,6 +293,8 @@ async def _bad_input(request: Request, exc: Exception) -> Response:
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, Unsupported):  # e.g. a broker that keeps no index of jobs
+        return _error_response(request, 501, str(exc))
     log.warning("store error on %s: %s: %s", request.url.path, type(exc).__name__, exc)
     return _error_response(request, 503, f"{type(exc).__name__}: {exc}")
 

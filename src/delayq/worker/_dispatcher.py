@@ -7,16 +7,16 @@ handler slots, plus a small prefetch (``prefetch``) while the last claim was
 full (a backlog). Prefetched claims are held under the same lease, kept
 renewed, and handed back (``release``) at once when the worker stops.
 
-While a backlog exists the group committer claims together with each commit
-(one round trip), so the dispatcher only claims when no commit is under way;
+While a backlog exists, on a store that records and claims in one round trip,
+the group committer claims with each commit, so the dispatcher only claims
+when no commit is under way;
 when a freed slot is alone it waits up to ``COALESCE`` (2 ms) for a few more
 to free, so one claim serves several jobs.
 
-Between claims it is also the worker's clock: it renews leases, fails
-handlers past their timeout and retries failed commits, waking for whichever
-comes first. After a stop it hands back the ready claims and drains: it keeps
-renewing the leases of running handlers until they finish or the grace period
-ends.
+Between claims it also keeps the worker's deadlines: it renews leases and
+retries failed commits, waking for whichever comes first. After a stop it
+hands back the ready claims and drains: it keeps renewing the leases of
+running handlers until they finish or the grace period ends.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import LeaseKeeper
-from delayq.worker._runner import Runner
 
 __all__ = ["COALESCE", "Dispatcher"]
 
@@ -54,7 +53,6 @@ class Dispatcher:
         clock: Clock,
         *,
         keeper: LeaseKeeper,
-        runner: Runner,
         committer: GroupCommitter,
         lease: float,
         batch: int,
@@ -65,7 +63,6 @@ class Dispatcher:
         self._backend = backend
         self._clock = clock
         self._keeper = keeper
-        self._runner = runner
         self._committer = committer
         self._lease = lease
         self._batch = batch
@@ -73,9 +70,8 @@ class Dispatcher:
         self._idle_wait = idle_wait
 
     def housekeeping(self) -> None:
-        """Renew due leases, fail handlers past their timeout, retry failed commits."""
+        """Renew due leases, retry failed commits."""
         self._keeper.renew_due()
-        self._runner.expire_timeouts()
         self._committer.retry_due(self._clock.monotonic())
 
     def dispatch(self) -> None:

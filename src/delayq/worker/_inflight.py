@@ -47,7 +47,8 @@ class InFlight:
     lost: bool = False  # a renewal said the lease is gone
     abandoned: bool = False  # still running after the grace period: never recorded
     timeout_at: float = math.inf  # monotonic deadline of the running handler
-    cancel: Callable[[], object] | None = None  # cancels an async handler
+    is_async: bool = False  # runs on the event loop (a timeout cancels it)
+    cancel: Callable[[], object] | None = None  # cancels it, once it is on the loop
 
 
 class InFlightTable:
@@ -143,13 +144,8 @@ class InFlightTable:
 
     # -- deadlines ------------------------------------------------------------------------
     def next_deadline_locked(self) -> float:
-        """The earliest monotonic time the dispatcher must act: a lease renewal or a timeout."""
-        deadline = math.inf
-        for rec in self.records.values():
-            if rec.abandoned:
-                continue
-            if not rec.lost and rec.renew_at < deadline:
-                deadline = rec.renew_at
-            if not rec.done and rec.timeout_at < deadline:
-                deadline = rec.timeout_at
-        return deadline
+        """The earliest monotonic time a lease must be renewed."""
+        return min(
+            (r.renew_at for r in self.records.values() if not r.lost and not r.abandoned),
+            default=math.inf,
+        )

@@ -11,7 +11,8 @@ clock: a claim whose lease already ran out (the process was paused: SIGSTOP,
 a long GC, a frozen VM) is handed back unstarted instead of being run after
 another worker may have run it.
 
-A handler running past its timeout counts as failed at once (retried by the
+A handler running past its timeout counts as failed at once (a watcher
+thread sleeps until the earliest deadline) (retried by the
 job's backoff, dead-lettered on its last attempt): an async handler is
 cancelled; a sync one cannot be interrupted, so its thread is left to it and a
 new thread takes its place (the slot is free again), and its result, if it
@@ -26,11 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import inspect
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Awaitable
 from typing import Any
@@ -40,62 +41,11 @@ from delayq.clock import Clock
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, decide, format_error, timeout_error
 from delayq.worker._inflight import InFlight, InFlightTable
+from delayq.worker._loop import Cancelled, EventLoopThread
 
 __all__ = ["Runner"]
 
 log = logging.getLogger("delayq.worker")
-
-
-class _Cancelled(Exception):
-    """Recorded as the error of an async handler that was cancelled (not by shutdown)."""
-
-
-class _Loop:
-    """An asyncio event loop on its own daemon thread, for async handlers.
-
-    Handler code must not end the loop: when ``run_forever`` returns or raises
-    before :meth:`shutdown` (a handler called ``loop.stop()``, or a callback let
-    a ``SystemExit`` escape), the loop is logged and run again, so the tasks on
-    it still finish and report. ``_closing`` is only touched on the loop thread.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            while True:
-                try:
-                    self.loop.run_forever()
-                except BaseException:
-                    log.exception("delayq worker: an error escaped the asyncio loop")
-                    if self._closing:
-                        return
-                    continue
-                if self._closing:
-                    return
-                log.warning("delayq worker: a handler stopped the asyncio loop; it goes on")
-        finally:
-            self.loop.close()
-
-    @property
-    def alive(self) -> bool:
-        """True while the loop accepts work (its thread runs and it is not closed)."""
-        return self._thread.is_alive() and not self.loop.is_closed()
-
-    def shutdown(self) -> None:
-        def cancel_all() -> None:
-            self._closing = True
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_soon(self.loop.stop)
-
-        with contextlib.suppress(RuntimeError):  # already closed
-            self.loop.call_soon_threadsafe(cancel_all)
 
 
 class Runner:
@@ -123,10 +73,15 @@ class Runner:
         self._name = name
         self._timeout = timeout
         self._unknown_grace = unknown_handler_grace
-        self._loop: _Loop | None = None
+        self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
         self._thread_ids = itertools.count()
         self._threads: set[threading.Thread] = set()
+        # The timeout watcher (started with the first handler that has a timeout)
+        # sleeps until the earliest deadline; guarded by the table's lock.
+        self._timeouts_changed = threading.Condition(table.lock)
+        self._watching_until = math.inf
+        self._watcher: threading.Thread | None = None
 
     # -- threads --------------------------------------------------------------------------
     def start(self, threads: int) -> None:
@@ -162,6 +117,8 @@ class Runner:
 
     def shutdown(self) -> None:
         self._table.close()
+        with self._table.lock:
+            self._timeouts_changed.notify_all()
         with self._loop_lock:
             if self._loop is not None:
                 self._loop.shutdown()
@@ -195,14 +152,17 @@ class Runner:
         clock = self._clock
         handler = self._app.get_handler(job.name)
         mono = clock.monotonic()
-        decision = decide(
-            claim,
-            claim.claimed_at + (mono - rec.mono_claimed),  # "now" on the store's clock
-            ran=False,
-            handler_known=handler is not None,
-            registered=tuple(self._app.handlers) if handler is None else (),
-            unknown_grace=self._unknown_grace,
-        )
+        if handler is not None and job.misfire == "run":
+            decision = None  # the common case: nothing stops it from running
+        else:
+            decision = decide(
+                claim,
+                claim.claimed_at + (mono - rec.mono_claimed),  # "now" on the store's clock
+                ran=False,
+                handler_known=handler is not None,
+                registered=tuple(self._app.handlers) if handler is None else (),
+                unknown_grace=self._unknown_grace,
+            )
         timeout = None
         if handler is not None:
             timeout = handler.timeout if handler.timeout is not None else self._timeout
@@ -212,8 +172,9 @@ class Runner:
             returning = table.stopping or expired
             if not returning and decision is None:
                 rec.started = True
+                rec.is_async = handler is not None and handler.is_async
                 if timeout is not None:
-                    rec.timeout_at = mono + timeout
+                    self._watch_locked(rec, mono + timeout)
         if returning:
             if expired and not table.stopping:
                 log.warning(
@@ -297,8 +258,48 @@ class Runner:
         self._finish(rec, exc, duration)
 
     # -- timeouts -------------------------------------------------------------------------
+    def _watch_locked(self, rec: InFlight, deadline: float) -> None:
+        """Give ``rec`` a timeout deadline; wake (or start) the watcher if it is the earliest."""
+        rec.timeout_at = deadline
+        if deadline < self._watching_until:
+            self._timeouts_changed.notify()
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=self._watch_timeouts, name=f"{self._name}-timeouts", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch_timeouts(self) -> None:
+        """The timeout watcher's loop: sleep until the earliest handler deadline, expire."""
+        table = self._table
+        clock = self._clock
+        while True:
+            with table.lock:
+                while True:
+                    if table.closed:
+                        return
+                    deadline = min(
+                        (
+                            r.timeout_at
+                            for r in table.records.values()
+                            if not r.done and not r.abandoned
+                        ),
+                        default=math.inf,
+                    )
+                    if deadline <= clock.monotonic():
+                        break
+                    self._watching_until = deadline
+                    clock.wait_until(
+                        self._timeouts_changed, None if deadline == math.inf else deadline
+                    )
+                self._watching_until = math.inf
+            try:
+                self.expire_timeouts()
+            except Exception:
+                log.exception("delayq worker: unexpected error while expiring handler timeouts")
+
     def expire_timeouts(self) -> None:
-        """Fail every running handler past its timeout (the dispatcher calls this)."""
+        """Fail every running handler past its timeout (the watcher calls this)."""
         table = self._table
         now = self._clock.monotonic()
         with table.lock:
@@ -331,8 +332,11 @@ class Runner:
                 claim.attempt,
                 "retried" if decision.outcome == "retried" else "dead-lettered",
             )
-            if rec.cancel is not None:
-                rec.cancel()
+            with self._table.lock:
+                is_async, cancel = rec.is_async, rec.cancel
+            if is_async:
+                if cancel is not None:  # else _start_async cancels it as it starts
+                    cancel()
             else:
                 self._spawn()  # the stuck thread is left to its handler
 
@@ -343,7 +347,7 @@ class Runner:
             if self._loop is None or replace or not self._loop.alive:
                 if self._loop is not None:
                     log.warning("delayq worker: the asyncio loop had stopped; starting a new one")
-                self._loop = _Loop(f"{self._name}-asyncio")
+                self._loop = EventLoopThread(f"{self._name}-asyncio")
             return self._loop.loop
 
     def _start_async(
@@ -360,7 +364,7 @@ class Runner:
         Every way the handler can end becomes a recorded result: ``invoke``
         returns the handler's exception, BaseExceptions such as ``SystemExit``
         included (inside a task they would otherwise escape the loop and end it);
-        only a cancellation propagates, recorded as :class:`_Cancelled` unless
+        only a cancellation propagates, recorded as :class:`Cancelled` unless
         the attempt was already decided (a timeout) or abandoned at shutdown.
         """
         clock = self._clock
@@ -390,7 +394,11 @@ class Runner:
             self._finish(rec, exc, clock.monotonic() - started)
             return
         with self._table.lock:
+            rec.is_async = True
             rec.cancel = future.cancel
+            timed_out = rec.done  # its timeout passed while it was being started
+        if timed_out:
+            future.cancel()
 
         def done(f: concurrent.futures.Future[BaseException | None]) -> None:
             # Runs on the loop thread: hand the store calls to a handler thread.
@@ -399,7 +407,7 @@ class Runner:
                     return  # timed out (already recorded) or cancelled at shutdown
             exc: BaseException | None
             if f.cancelled():
-                exc = _Cancelled("the async handler was cancelled")
+                exc = Cancelled("the async handler was cancelled")
             else:
                 exc = f.exception() or f.result()
             duration = clock.monotonic() - started

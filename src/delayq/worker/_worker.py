@@ -53,7 +53,7 @@ class Worker:
     backend wakes the worker when a job arrives).
 
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
-    (claims and prefetch; the worker's clock), the lease keeper, the runner
+    (claims and prefetch, lease and commit deadlines), the lease keeper, the runner
     (handler threads, the event loop, timeouts), the group committer, and the
     pure ``decide()``.
     """
@@ -121,7 +121,6 @@ class Worker:
             self._backend,
             self.clock,
             keeper=LeaseKeeper(self._table, self._backend, self.clock, lease=self.lease),
-            runner=self._runner,
             committer=self._committer,
             lease=self.lease,
             batch=self.batch,

@@ -25,9 +25,9 @@ Design
   connection, under a savepoint of its transaction: the job exists if and only
   if that transaction commits. SQLAlchemy ``Connection`` / ``Session`` objects on
   the psycopg driver are accepted too.
-* **Churn.** Finished records are deleted ``result_ttl`` after they finish and
-  dead letters ``dead_ttl`` after burial, in bounded batches from the claim
-  path; reads already treat expired records as gone.
+* **Churn.** Finished records are deleted ``result_ttl`` after they finish and,
+  when ``dead_ttl`` is set, dead letters that long after burial, in bounded
+  batches from the claim path; reads already treat expired records as gone.
 * **Connections.** A pool (``pool_size``) for calls, one more connection for
   LISTEN. A failed connection (server restart, ``pg_terminate_backend``) raises
   :class:`~delayq.errors.BackendUnavailable` for that call; the pool drops
@@ -49,10 +49,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from delayq.backends.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION
-from delayq.backends.postgres.store import DEFAULT_DEAD_TTL, DEFAULT_QUEUE, PostgresBackend
+from delayq.backends.postgres.store import DEFAULT_QUEUE, PostgresBackend
 
 __all__ = [
-    "DEFAULT_DEAD_TTL",
     "DEFAULT_QUEUE",
     "DEFAULT_SCHEMA",
     "SCHEMA_VERSION",

@@ -65,6 +65,10 @@ class _Store(Protocol):
 
     def _purge_due(self) -> bool: ...
 
+    def _mark(self) -> tuple[int, int] | None: ...
+
+    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> None: ...
+
 
 @contextmanager
 def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
@@ -147,8 +151,11 @@ class Claiming:
         params = Claiming._claim_params(self, limit, lease, at)
         with self._conn("claiming") as conn:
             Claiming._purge(self, conn, params)
+            mark = self._mark()
             with _pipeline(conn):
                 cur = Claiming._send_claim(self, conn, params)
+                times = Claiming._send_times(self, conn, params, mark)
+            self._set_hint(mark, times)
             return Claiming._claims(self, conn, cur.fetchall())
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -178,12 +185,14 @@ class Claiming:
         params = Claiming._claim_params(self, limit, lease, None)
         with self._conn("completing and claiming") as conn:
             Claiming._purge(self, conn, params)
+            mark = self._mark() if limit else None
             try:
                 with _pipeline(conn):
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
                         done.execute(self._sql.complete, self._params(**sent.params()))
                     claimed = Claiming._send_claim(self, conn, params) if limit else None
+                    times = Claiming._send_times(self, conn, params, mark)
             except psycopg.OperationalError:
                 raise  # nothing was applied: the caller's error handling decides
             except psycopg.Error as exc:
@@ -191,6 +200,7 @@ class Claiming:
                     raise
                 log.warning("delayq: claim after complete failed (%s); completing alone", exc)
                 return Claiming.complete(self, items), []
+            self._set_hint(mark, times)
             results, at = sent.results(self, conn, done.fetchall()) if items else ([], None)
             claims = Claiming._claims(self, conn, claimed.fetchall()) if claimed else []
             self._told(conn, at)
@@ -228,6 +238,17 @@ class Claiming:
         conn.execute(self._sql.recover, params)
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(self._sql.claim, params)
+        return cur
+
+    def _send_times(
+        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any], mark: object
+    ) -> Cursor | None:
+        """Queue the read of what a waiter sleeps toward, after the claim (a hint that
+        saves ``wait_for_due`` a round trip); only when this handle listens."""
+        if mark is None:
+            return None
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute(self._sql.wake_times, params)
         return cur
 
     def _claims(self: _Store, conn: psycopg.Connection[Any], rows: list[Row]) -> list[Claim]:

@@ -12,9 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from delayq.backends._common import check_limit, check_run_at, readable_json
+from delayq.backends._common import check_limit, check_list_cursor, check_run_at, readable_json
 from delayq.backends.postgres.sql import Statements
 from delayq.codec import decode_payload
+from delayq.errors import InvalidOption
 from delayq.job import Job, JobState, Stats
 
 __all__ = ["Inspection", "to_job"]
@@ -67,21 +68,39 @@ class Inspection:
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
-        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
+        """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``,
+        of handler ``name`` when given, after the keyset cursor ``after`` (``(run_at,
+        job id)`` of the last job of the previous page).
 
         One index range per state, merged here: ``limit`` rows read per state at most.
         """
         limit = check_limit(limit)
+        cursor = check_list_cursor(after)
+        if name is not None and not isinstance(name, str):
+            raise InvalidOption(f"name must be a handler name (str), got {name!r}")
         states = list(JobState) if state is None else [JobState(state)]
         low = -math.inf if due_after is None else check_run_at(due_after, "due_after")
         high = math.inf if due_before is None else check_run_at(due_before, "due_before")
+        if cursor is not None and cursor[0] >= low:
+            low = cursor[0]  # the page starts at the cursor's due time: an index bound
+        elif cursor is not None:
+            cursor = None  # the window starts after the cursor anyway
         rows: list[Row] = []
         for one in states:
             rows += self._read(
                 "listing jobs",
                 self._sql.list_by_state,
-                self._params(state=one.value, low=low, high=high, limit=limit),
+                self._params(
+                    state=one.value,
+                    low=low,
+                    high=high,
+                    limit=limit,
+                    name=name,
+                    after_id=None if cursor is None else cursor[1],
+                ),
             )
         rows.sort(key=lambda r: (r[3], r[15]))
         return [to_job(r) for r in rows[:limit]]

@@ -5,6 +5,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
 * ``jobs``: one row per job, every queue of the schema in one table (the
   ``queue`` column), primary key ``(queue, id)``.
 * ``tokens``: the sequence fencing tokens come from.
+* ``schedules``: recurring schedules by ``(queue, name)`` (migration 2).
 * ``versions``: one row per applied migration (the recorded schema version).
 
 :func:`migrate` applies the missing migrations in one transaction under a
@@ -61,6 +62,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # result_ttl purge, dead letters newest first, purge_dead(older_than=)
         "CREATE INDEX IF NOT EXISTS jobs_finished ON {s}.jobs (queue, state, updated_at, seq) "
         "WHERE state IN ('succeeded', 'cancelled', 'skipped', 'dead')",
+    ),
+    (
+        # recurring schedules (ScheduleStore): definitions with a compare-and-set version
+        """CREATE TABLE IF NOT EXISTS {s}.schedules (
+            queue   text NOT NULL,
+            name    text NOT NULL,
+            data    text NOT NULL,     -- the definition, JSON text
+            version integer NOT NULL,  -- 1 when created, +1 per write
+            PRIMARY KEY (queue, name)
+        )""",
     ),
 )
 

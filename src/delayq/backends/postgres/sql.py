@@ -131,8 +131,11 @@ class Statements:
                 RETURNING id, run_at""",
             # After a commit that scheduled something due at %(at)s: wake the
             # listeners if nothing scheduled is earlier (they sleep until the head).
+            # The NOTIFY's own transaction does not wait for the disk: a wake-up
+            # lost in a server crash costs nothing (waiters re-read on reconnect).
             head_check=f"""
-                SELECT pg_notify(%(channel)s, %(at)s::text)
+                SELECT set_config('synchronous_commit', 'off', true),
+                       pg_notify(%(channel)s, %(at)s::text)
                 WHERE NOT EXISTS (SELECT 1 FROM {jobs}
                                   WHERE queue = %(q)s AND state = 'scheduled'
                                     AND run_at < %(at)s)""",
@@ -268,6 +271,12 @@ class Statements:
                 SELECT {COLUMNS} FROM {jobs}
                 WHERE queue = %(q)s AND state = %(state)s
                   AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
+                  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+                  -- the keyset cursor: the job after (run_at, seq) of the cursor's
+                  -- job; gone, its seq counts as 0 (a page may repeat, never skip)
+                  AND (%(after_id)s::text IS NULL OR (run_at, seq) > (
+                      %(low)s, coalesce((SELECT seq FROM {jobs}
+                                         WHERE queue = %(q)s AND id = %(after_id)s::text), 0)))
                 ORDER BY run_at, seq LIMIT %(limit)s""",
             head=f"""
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'

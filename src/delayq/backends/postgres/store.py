@@ -8,63 +8,57 @@ SQL in :mod:`.sql`; schema and migrations in :mod:`.schema`; waiting in
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
-    TTL_STATES,
     CompletesInBatches,
+    check_dead_ttl,
     check_max_wait,
     check_result_ttl,
-    check_spec,
     check_when,
 )
 from delayq.backends.postgres import schema as _schema
 from delayq.backends.postgres.claims import Claiming
-from delayq.backends.postgres.connection import caller_connection, mapped, mask, split_url
+from delayq.backends.postgres.connection import mapped, mask, split_url
+from delayq.backends.postgres.enqueue import Enqueueing
 from delayq.backends.postgres.inspect import Inspection
-from delayq.backends.postgres.sql import CUTOFF, Statements
+from delayq.backends.postgres.schedules import Schedules
+from delayq.backends.postgres.sql import Statements
 from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendUnavailable,
     InvalidOption,
-    JobConflict,
     QueueClosed,
 )
 from delayq.job import (
     CancelOutcome,
-    EnqueueOutcome,
-    JobSpec,
-    JobState,
-    OnConflict,
     RescheduleOutcome,
-    check_on_conflict,
 )
 
-__all__ = ["DEFAULT_DEAD_TTL", "DEFAULT_QUEUE", "PostgresBackend"]
+__all__ = ["DEFAULT_QUEUE", "PostgresBackend"]
 
 DEFAULT_QUEUE = "default"
-DEFAULT_DEAD_TTL = 30 * 24 * 3600.0
-"""Dead letters are deleted this long after they were buried (30 days); None keeps them."""
 
+_HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Claiming, CompletesInBatches, Inspection):
+class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspection):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -76,7 +70,8 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
     * ``migrate``: create / migrate the schema when opening (default True);
       with False, a schema at another version is refused (run ``delayq migrate``).
     * ``result_ttl``: seconds finished records are kept (default 7 days).
-    * ``dead_ttl``: seconds dead letters are kept (default 30 days; None: forever).
+    * ``dead_ttl``: seconds dead letters are kept (default None: until purged or
+      requeued, as the contract says; set it to bound the dead-letter table).
     * ``pool_size``: most connections this handle opens (default 8), plus one
       for LISTEN once it waits for jobs.
     * ``clock``: for tests only. When given, its time replaces the server's
@@ -101,6 +96,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             "definite_cancel",
             "inspect",
             "transactional_enqueue",
+            "recurring",
         }
     )
 
@@ -112,7 +108,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         schema: str = _schema.DEFAULT_SCHEMA,
         migrate: bool = True,
         result_ttl: float = DEFAULT_RESULT_TTL,
-        dead_ttl: float | None = DEFAULT_DEAD_TTL,
+        dead_ttl: float | None = None,
         pool_size: int = 8,
         clock: Clock | None = None,
         connect_timeout: float = 10.0,
@@ -138,7 +134,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         self.queue = queue
         self.schema = schema
         self._result_ttl = check_result_ttl(options.get("result_ttl", result_ttl))
-        self._dead_ttl = None if dead_ttl is None else check_result_ttl(dead_ttl)
+        self._dead_ttl = check_dead_ttl(dead_ttl)
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._fake = self._clock is not SYSTEM_CLOCK
         self._sql = Statements.build(schema)
@@ -148,7 +144,15 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             "autocommit": True,
             "application_name": application_name,
             "connect_timeout": max(1, math.ceil(self._timeout)),
-            "options": f"-c synchronous_commit={synchronous_commit}",
+            # Custom plans always: a generic plan of the batch UPDATE (arrays of
+            # unknown length) walks every row of the queue; planning is cheap here.
+            "options": " ".join(
+                [
+                    str(conninfo_to_dict(conninfo).get("options") or ""),
+                    f"-c synchronous_commit={synchronous_commit}",
+                    "-c plan_cache_mode=force_custom_plan",
+                ]
+            ).strip(),
         }
         self._conninfo = conninfo
         self._lock = threading.Lock()
@@ -156,6 +160,7 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         self._closed = False
         self._last_purge = float("-inf")
         self._waiter_ids = itertools.count()
+        self._hint = threading.local()  # per thread: what its last claim read (see _set_hint)
         self._pool = psycopg_pool.ConnectionPool(
             conninfo,
             kwargs=self._kwargs,
@@ -233,6 +238,24 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             self._last_purge = mono
             return True
 
+    def _mark(self) -> tuple[int, int] | None:
+        """The listener's log position before a claim reads the schedule (no listener: None)."""
+        listener = self._listener
+        return None if listener is None else listener.mark()
+
+    def _set_hint(self, mark: tuple[int, int] | None, cur: psycopg.Cursor[Any] | None) -> None:
+        """Keep, for this thread's next wait, what a claim read after claiming."""
+        row = None if cur is None else cur.fetchone()
+        self._hint.value = (
+            None
+            if mark is None or row is None
+            else (
+                mark,
+                row,
+                self._clock.monotonic(),
+            )
+        )
+
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None:
         """After a commit that scheduled a job due at ``at``: wake waiters if it is
         the earliest now (here at once, elsewhere through NOTIFY)."""
@@ -244,148 +267,6 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
             listener.heard(at)
 
     # -- producers --------------------------------------------------------------
-    def enqueue(
-        self,
-        jobs: Sequence[JobSpec],
-        *,
-        on_conflict: OnConflict = "reject",
-        connection: object = None,
-    ) -> list[EnqueueOutcome]:
-        """Store ``jobs`` atomically (see the Backend contract).
-
-        With ``connection=`` (a psycopg connection, or a SQLAlchemy Connection /
-        Session on psycopg) the jobs join that connection's transaction: they
-        exist if and only if it commits, and are invisible to workers until then.
-        """
-        on_conflict = check_on_conflict(on_conflict)
-        specs = [check_spec(spec) for spec in jobs]
-        if connection is not None:
-            return self._enqueue_in(caller_connection(connection), specs, on_conflict)
-        if not specs:
-            return []
-        with self._conn("enqueueing") as conn:
-            params = self._insert_params(specs)
-            try:
-                rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
-                created = rows.fetchall()
-                outcomes = [EnqueueOutcome.CREATED] * len(specs)
-            except psycopg.errors.UniqueViolation:
-                with conn.transaction():
-                    outcomes, created = self._enqueue_slow(conn, specs, on_conflict)
-            self._told(conn, min((r[1] for r in created), default=None))
-        return outcomes
-
-    def _enqueue_in(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> list[EnqueueOutcome]:
-        """Enqueue inside the caller's transaction, under a savepoint (all or none)."""
-        if not specs:
-            return []
-        status = conn.info.transaction_status
-        if status == psycopg.pq.TransactionStatus.INERROR:
-            raise InvalidOption(
-                "connection= is in a failed transaction: roll it back before scheduling"
-            )
-        with mapped(self.url, "enqueueing in the caller's transaction"):
-            if status == psycopg.pq.TransactionStatus.IDLE and conn.autocommit:
-                # No transaction of the caller's to join: ours commits at once.
-                with conn.transaction():
-                    return self._enqueue_joined(conn, specs, on_conflict)
-            conn.execute("SAVEPOINT delayq_enqueue")
-            try:
-                outcomes = self._enqueue_joined(conn, specs, on_conflict)
-            except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK TO SAVEPOINT delayq_enqueue")
-                    conn.execute("RELEASE SAVEPOINT delayq_enqueue")
-                raise
-            conn.execute("RELEASE SAVEPOINT delayq_enqueue")
-            return outcomes
-
-    def _enqueue_joined(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> list[EnqueueOutcome]:
-        outcomes, created = self._enqueue_slow(conn, specs, on_conflict)
-        at = min((r[1] for r in created), default=None)
-        if at is not None:
-            # Delivered when the caller commits, never on rollback. Unconditional:
-            # the head may change before that commit; listeners filter by time.
-            conn.execute(self._sql.notify, {"channel": self._channel, "at": at})
-        return outcomes
-
-    def _insert_params(self, specs: Sequence[JobSpec]) -> dict[str, Any]:
-        return self._params(
-            ids=[s.id for s in specs],
-            names=[s.name for s in specs],
-            payloads=[s.payload for s in specs],
-            run_ats=[float(s.run_at) if s.delay is None else 0.0 for s in specs],
-            delays=[None if s.delay is None else float(s.delay) for s in specs],
-            max_attempts=[s.max_attempts for s in specs],
-            backoffs=[json.dumps(s.backoff, separators=(",", ":")) for s in specs],
-            misfires=[s.misfire for s in specs],
-            created=[float(s.created_at or 0.0) for s in specs],
-        )
-
-    def _enqueue_slow(
-        self, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
-    ) -> tuple[list[EnqueueOutcome], list[tuple[Any, ...]]]:
-        """Enqueue deciding conflicts row by row (inside a transaction: all or none)."""
-        cur = conn.cursor(row_factory=tuple_row)
-        q = self._sql.schema
-        ids = list(dict.fromkeys(s.id for s in specs))
-        existing = {
-            row[0]: (JobState(row[1]), row[2])
-            for row in cur.execute(
-                f'SELECT id, state, updated_at <= {CUTOFF} FROM "{q}".jobs '
-                f"WHERE queue = %(q)s AND id = ANY(%(ids)s) FOR UPDATE",
-                self._params(ids=ids),
-            ).fetchall()
-        }
-        outcomes: list[EnqueueOutcome] = []
-        seen: dict[str, JobState] = {}
-        final: dict[str, JobSpec] = {}
-        for spec in specs:
-            state = seen.get(spec.id)
-            if state is None and spec.id in existing:
-                found, old = existing[spec.id]
-                state = None if old and found in TTL_STATES else found  # expired: gone
-            if state is None:
-                outcomes.append(EnqueueOutcome.CREATED)
-            elif on_conflict == "keep":
-                outcomes.append(EnqueueOutcome.KEPT)
-                continue
-            elif on_conflict == "reject":
-                raise JobConflict(
-                    f"job {spec.id!r} already exists ({state.value}); pass "
-                    f"on_conflict='keep' or 'replace' to accept an existing id"
-                )
-            elif state is JobState.RUNNING:
-                raise JobConflict(
-                    f"job {spec.id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
-            else:
-                outcomes.append(EnqueueOutcome.REPLACED)
-            seen[spec.id] = JobState.SCHEDULED
-            final[spec.id] = spec
-        if not final:
-            return outcomes, []
-        doomed = [i for i in final if i in existing]
-        if doomed:
-            cur.execute(
-                f'DELETE FROM "{q}".jobs WHERE queue = %(q)s AND id = ANY(%(ids)s)',
-                {"q": self.queue, "ids": doomed},
-            )
-        try:
-            created = cur.execute(
-                self._sql.insert, self._insert_params(list(final.values()))
-            ).fetchall()
-        except psycopg.errors.UniqueViolation as exc:
-            raise JobConflict(
-                f"a job of {sorted(final)[:5]} was created by another producer meanwhile: {exc}"
-            ) from exc
-        return outcomes, created
-
     def cancel(self, job_id: str) -> CancelOutcome:
         with self._conn("cancelling") as conn:
             row = (
@@ -472,21 +353,33 @@ class PostgresBackend(Claiming, CompletesInBatches, Inspection):
         clock = self._clock
         deadline = clock.monotonic() + max_wait
         key = next(self._waiter_ids)
+        hint = getattr(self._hint, "value", None)
+        self._hint.value = None
         with listener.cond:
             gen = listener.gen
             listener.waiters[key] = math.inf  # any notification wakes it while it reads
         try:
-            try:
-                head, lease_end, now = self._read(
-                    "reading the next due time", self._sql.wake_times, self._params()
-                )[0]
-            except BackendUnavailable as exc:
-                log.debug("wait_for_due: %s; pausing", exc)
-                head = lease_end = None
-                now = 0.0
-                listening = False
-            except QueueClosed:
-                return
+            if hint is not None and clock.monotonic() - hint[2] < _HINT_MAX_AGE:
+                # The claim just read the schedule: no second round trip, but what
+                # was heard since that read counts as if this waiter had listened.
+                mark, (head, lease_end, now), taken = hint
+                now += clock.monotonic() - taken
+                until = min((t for t in (head, lease_end) if t is not None), default=math.inf)
+                with listener.cond:
+                    if listener.heard_since(mark, until):
+                        return
+            else:
+                try:
+                    head, lease_end, now = self._read(
+                        "reading the next due time", self._sql.wake_times, self._params()
+                    )[0]
+                except BackendUnavailable as exc:
+                    log.debug("wait_for_due: %s; pausing", exc)
+                    head = lease_end = None
+                    now = 0.0
+                    listening = False
+                except QueueClosed:
+                    return
             times = [t for t in (head, lease_end) if t is not None]
             with listener.cond:
                 if listener.closed or listener.gen != gen:

@@ -23,8 +23,8 @@ to :data:`FALLBACK_WAIT` and a warning is logged once per outage; after it
 reconnects every waiter is woken to read the schedule again, since a
 notification sent meanwhile was lost.
 
-Lock rule: ``cond``'s lock guards ``gen``, ``waiters``, ``listening``,
-``closed`` and ``thread``. No query runs under it.
+Lock rule: ``cond``'s lock guards ``gen``, ``waiters``, ``seq``, ``epoch``,
+``log``, ``listening``, ``closed`` and ``thread``. No query runs under it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ FALLBACK_WAIT = 0.5
 """Longest wait (seconds) while notifications cannot be received."""
 
 _RECONNECT_PAUSES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+_LOG_SIZE = 256  # due times heard, kept for waiters that read the schedule earlier
 _POLL_STOP = 1.0  # seconds between checks of the stop flag while idle (no query)
 
 log = logging.getLogger("delayq.postgres")
@@ -66,6 +68,12 @@ class Listener:
         self.cond = threading.Condition(threading.Lock())
         self.gen = 0  # bumped by every wake-up that concerns the waiters
         self.waiters: dict[int, float] = {}  # waiter id -> due time it sleeps toward
+        # Every due time heard, numbered: a waiter that read the schedule before it
+        # registered (a claim's hint) checks what arrived since. ``epoch`` counts the
+        # events after which nothing earlier may be trusted (reconnects, wake()).
+        self.seq = 0
+        self.epoch = 0
+        self.log: deque[tuple[int, float]] = deque(maxlen=_LOG_SIZE)
         self.listening = False
         self.closed = False
         self.thread: threading.Thread | None = None
@@ -91,14 +99,32 @@ class Listener:
         """Wake every waiter (interrupt, close, or a change made by this handle)."""
         with self.cond:
             self.gen += 1
+            self.epoch += 1
             self.cond.notify_all()
 
     def heard(self, due: float) -> None:
         """A job due at ``due`` committed: wake the waiters that sleep past it."""
         with self.cond:
+            self.seq += 1
+            self.log.append((self.seq, due))
             if any(due < until for until in self.waiters.values()):
                 self.gen += 1
                 self.cond.notify_all()
+
+    def mark(self) -> tuple[int, int]:
+        """Where the log is now: ``(epoch, seq)``, taken before reading the schedule."""
+        with self.cond:
+            return self.epoch, self.seq
+
+    def heard_since(self, mark: tuple[int, int], until: float) -> bool:
+        """Whether anything due before ``until`` was heard after ``mark`` (or the log
+        cannot tell: a reconnect, a wake-up, or more arrivals than it keeps). Lock held."""
+        epoch, seq = mark
+        if epoch != self.epoch or not self.listening:
+            return True
+        if self.log and self.log[0][0] > seq + 1:
+            return True  # entries after ``mark`` fell out of the log
+        return any(n > seq and due < until for n, due in self.log)
 
     # -- the thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -122,6 +148,7 @@ class Listener:
                 with self.cond:
                     self.listening = True
                     self.gen += 1  # notifications may have been missed: look again
+                    self.epoch += 1
                     self.cond.notify_all()
                 if self._warned:
                     log.warning("delayq: LISTEN on %s restored", self.channel)
@@ -153,6 +180,7 @@ class Listener:
         with self.cond:
             self.listening = False
             self.gen += 1
+            self.epoch += 1
             self.cond.notify_all()
         self._ready.set()  # a first connect that fails must not block start()
         if not self._warned:

@@ -378,6 +378,8 @@ class RabbitMQBackend(CompletesInBatches):
         due_after: float | None = None,
         due_before: float | None = None,
         limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
     ) -> list[Job]:
         raise self._unsupported("list jobs")
 

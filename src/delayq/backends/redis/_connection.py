@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import re
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDependency
 
@@ -29,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = [
     "SCRIPT_NAMES",
     "Connection",
+    "mapped_error",
+    "open_clients",
     "mapped_errors",
     "mask",
     "split_url",
@@ -41,6 +47,7 @@ SCRIPT_NAMES = (
     "retry",
     "bury",
     "complete",
+    "complete_and_claim",
     "extend",
     "cancel",
     "reschedule",
@@ -67,6 +74,7 @@ SCRIPT_FLAGS = {
     "retry": "allow-oom",
     "bury": "allow-oom",
     "complete": "allow-oom",
+    "complete_and_claim": "allow-oom",
     "extend": "allow-oom",
     "cancel": "allow-oom",
     "purge_dead": "allow-oom",
@@ -84,17 +92,60 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "queue": str,
     "prefix": str,
     "result_ttl": float,
+    "max_finished": int,
+    "max_dead": int,
+    "wait_replicas": int,
+    "wait_aof": lambda v: v.lower() in ("1", "true", "yes", "on"),
+    "wait_timeout": float,
     "expiry_events": lambda v: v.lower() in ("1", "true", "yes", "on"),
 }
 
 T = TypeVar("T")
 
 
+_TOP_LEVEL = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+def _split_lib(lib: str) -> tuple[str, list[tuple[str, str]]]:
+    """``_lib.lua`` as its prelude (up to ``NOW_MS``) and its later top-level
+    definitions, each ``(name, text with the comment above it)``, in order."""
+    cut = lib.index("\n", lib.index("local NOW_MS")) + 1
+    prelude, rest = lib[:cut], lib[cut:]
+    starts = [m.start() for m in _TOP_LEVEL.finditer(rest)]
+    blocks: list[tuple[str, str]] = []
+    begin = 0
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(rest)
+        # The comment lines just above a definition belong to it.
+        end = rest.rfind("\n\n", start, end) + 1 or end
+        match = _TOP_LEVEL.match(rest, start)
+        assert match is not None
+        blocks.append((match.group(1), rest[begin:end]))
+        begin = end
+    return prelude, blocks
+
+
+def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
+    """``body`` after the prelude and only the definitions it uses (transitively):
+    Redis runs a script's whole text on every call, so an unused helper costs
+    time on every call."""
+    needed: set[str] = set()
+    text = body
+    while True:
+        used = {name for name, _ in blocks if re.search(rf"\b{name}\b", text)} - needed
+        if not used:
+            break
+        needed |= used
+        text = body + "".join(block for name, block in blocks if name in needed)
+    parts = [block for name, block in blocks if name in needed]
+    return prelude + "".join(parts) + "\n" + body
+
+
 def _load_scripts() -> dict[str, str]:
     folder = resources.files(__package__)
-    lib = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
+    prelude, blocks = _split_lib(folder.joinpath("_lib.lua").read_text(encoding="utf-8"))
     return {
-        name: lib + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        name: _with_lib(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"), prelude, blocks)
         for name in SCRIPT_NAMES
     }
 
@@ -113,14 +164,29 @@ FLAGGED_SCRIPTS = {name: _flagged(name) for name in SCRIPT_NAMES}
 """Each script's text as loaded on Redis 7 and later: its flags line first."""
 
 
+def _unsplit(parts: SplitResult) -> str:
+    """``urlunsplit``, keeping the ``//`` of ``unix:///path`` (an empty host)."""
+    url = urlunsplit(parts)
+    if parts.scheme == "unix" and not parts.netloc and not url.startswith("unix://"):
+        url = "unix://" + url.removeprefix("unix:")
+    return url
+
+
 def mask(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    """``url`` with its passwords (``user:pw@`` and ``?password=``) replaced by ``***``
+    (for messages and logs)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        parts = parts._replace(netloc=f"{user}:***@{netloc}")
+    if "password" in parts.query.lower():
+        query = [
+            (name, "***" if "password" in name.lower() else value)
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return _unsplit(parts)
 
 
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
@@ -136,7 +202,20 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
                 raise ConfigurationError(f"bad {name}={value!r} in Redis URL: {exc}") from exc
         else:
             theirs.append((name, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+    return _unsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def mapped_error(exc: redis.RedisError, url: str) -> BackendError:
+    """The delayq error for a redis-py error (raise it ``from exc``)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return BackendError(
+            f"Redis at {url} is out of memory (maxmemory reached) and refused the call; "
+            f"nothing was written. Raise maxmemory, purge finished or dead jobs, or "
+            f"lower result_ttl: {exc}"
+        )
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return BackendUnavailable(f"Redis at {url} is unreachable: {exc}")
+    return BackendError(f"Redis at {url} failed: {exc}")
 
 
 @contextlib.contextmanager
@@ -144,16 +223,120 @@ def mapped_errors(url: str) -> Iterator[None]:
     """Turn redis-py errors raised in the block into delayq errors naming ``url``."""
     try:
         yield
-    except redis.exceptions.OutOfMemoryError as exc:
-        raise BackendError(
-            f"Redis at {url} is out of memory (maxmemory reached) and refused the call; "
-            f"nothing was written. Raise maxmemory, purge finished or dead jobs, or "
-            f"lower result_ttl: {exc}"
-        ) from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendUnavailable(f"Redis at {url} is unreachable: {exc}") from exc
     except redis.RedisError as exc:
-        raise BackendError(f"Redis at {url} failed: {exc}") from exc
+        raise mapped_error(exc, url) from exc
+
+
+def _send(conn: Any, *command: Any) -> Any:
+    """One command and its reply on a connection of our own."""
+    conn.send_packed_command(conn.pack_command(*command), check_health=False)
+    return conn.read_response()
+
+
+class _Held:
+    """A connection of its own for one thread, outside the client's pool.
+
+    Script calls (every state change) go through it: no pool lock, no
+    connection hand-over per call. Its socket is closed when the thread ends
+    (its ``threading.local`` is cleared) or the store closes, and it is never
+    used in a forked child (the child opens its own). Nothing here takes a
+    lock, so running from a finalizer at any moment is safe.
+    """
+
+    __slots__ = ("__weakref__", "conn", "pid")
+    conn: Any  # a redis-py Connection (its typed interface lacks what is used here)
+    pid: int
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+
+    def drop(self) -> None:
+        """Close the socket (its state is unknown); the next call reconnects."""
+        if self.pid == os.getpid():
+            with contextlib.suppress(Exception):
+                self.conn.disconnect()
+
+    def __del__(self) -> None:
+        self.drop()
+
+
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    """``host1:port1,host2:port2`` (after any ``user:password@``) as pairs."""
+    pairs: list[tuple[str, int]] = []
+    for item in netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host:
+            host, port = port, ""
+        try:
+            pairs.append((host or "127.0.0.1", int(port) if port else default_port))
+        except ValueError as exc:
+            raise ConfigurationError(f"bad host:port {item!r} in a Redis URL") from exc
+    return pairs
+
+
+def open_clients(url: str, options: dict[str, Any]) -> tuple[Any, Any, bool]:
+    """The ``(client, blocking client, is_cluster)`` of a Redis URL.
+
+    ``redis://`` / ``rediss://`` / ``unix://``: one server. ``redis+cluster://h:p[,h:p]``
+    (or ``rediss+cluster://``): a Redis Cluster, found from those start-up nodes.
+    ``redis+sentinel://[:password@]h:p[,h:p]/service[/db]`` (or ``rediss+sentinel://``):
+    the master of ``service`` as the sentinels at those addresses name it, followed
+    across failovers (``?sentinel_password=`` for the sentinels themselves).
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme.endswith("+cluster"):
+        from redis.cluster import ClusterNode, RedisCluster  # noqa: PLC0415
+
+        base = scheme.removesuffix("+cluster")
+        nodes = [
+            ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in _hosts(parts.netloc, 6379)
+        ]
+        kwargs: dict[str, Any] = {**dict(parse_qsl(parts.query)), **options}
+        if parts.username:
+            kwargs["username"] = parts.username
+        if parts.password:
+            kwargs["password"] = parts.password
+        if base == "rediss":
+            kwargs["ssl"] = True
+
+        def cluster() -> Any:
+            return RedisCluster(startup_nodes=nodes, **kwargs)
+
+        return cluster(), cluster(), True
+    if scheme.endswith("+sentinel"):
+        from redis.sentinel import Sentinel  # noqa: PLC0415
+
+        query = dict(parse_qsl(parts.query))
+        sentinel_kwargs: dict[str, Any] = {
+            k: options[k] for k in ("socket_timeout", "socket_connect_timeout") if k in options
+        }
+        if "sentinel_password" in query:
+            sentinel_kwargs["password"] = query.pop("sentinel_password")
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ConfigurationError(
+                "a redis+sentinel:// URL names its service: .../<service>[/db]"
+            )
+        master: dict[str, Any] = {"db": int(path[1]) if len(path) > 1 else 0, **query}
+        if parts.username:
+            master["username"] = parts.username
+        if parts.password:
+            master["password"] = parts.password
+        if scheme.startswith("rediss"):
+            master["ssl"] = True
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **options, **master
+        )
+        service = path[0]
+        return (
+            sentinel.master_for(service),  # type: ignore[no-untyped-call]
+            sentinel.master_for(service),  # type: ignore[no-untyped-call]
+            False,
+        )
+    return redis.Redis.from_url(url, **options), redis.Redis.from_url(url, **options), False
 
 
 class Connection:
@@ -161,25 +344,62 @@ class Connection:
 
     ``client`` serves every ordinary call; ``blocking`` only blocked waits
     (BLPOP) and the expiry subscriber, so a waiting worker never starves normal
-    calls of connections. Both are thread-safe redis-py clients; nothing here
-    is reassigned after ``__init__``.
+    calls of connections. Both are thread-safe redis-py clients (``RedisCluster``
+    on a cluster); nothing here is reassigned after ``__init__`` but the
+    script table (at start-up). ``anchor`` is a key of the queue: on a cluster,
+    :meth:`node` and :meth:`blocking_node` are the clients of the node serving
+    its slot (for BLPOP, CLIENT UNBLOCK, INFO and CONFIG); otherwise the clients
+    themselves. ``client=`` is a user's own ``redis.Redis`` / ``RedisCluster``
+    (used for both roles).
     """
 
-    def __init__(self, redis_url: str, masked_url: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        masked_url: str,
+        options: dict[str, Any],
+        *,
+        anchor: str,
+        client: Any = None,
+    ) -> None:
         self.url = masked_url
+        self.anchor = anchor
         options = {"retry": Retry(NoBackoff(), 0), **options, "decode_responses": True}
         try:
-            self.client = redis.Redis.from_url(redis_url, **options)
-            self.blocking = redis.Redis.from_url(redis_url, **options)
+            if client is not None:
+                self.client = self.blocking = client
+                self.cluster = hasattr(client, "get_node_from_key")
+            else:
+                self.client, self.blocking, self.cluster = open_clients(redis_url, options)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"bad Redis URL or option for {masked_url!r}: {exc}") from exc
-        kwargs = self.client.connection_pool.connection_kwargs
-        self.db = int(kwargs.get("db", 0) or 0)
-        self.address = f"{kwargs.get('host')}:{kwargs.get('port')}/{self.db}"
+        if self.cluster:
+            self.db = 0
+            self.address = f"cluster:{masked_url}"
+        else:
+            kwargs = self.client.connection_pool.connection_kwargs
+            self.db = int(kwargs.get("db", 0) or 0)
+            self.address = f"{kwargs.get('host')}:{kwargs.get('port')}/{self.db}"
         self._texts = FLAGGED_SCRIPTS
         self._scripts: dict[str, Script] = {
             name: self.client.register_script(text) for name, text in self._texts.items()
         }
+        self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
+        self._local = threading.local()  # .held: this thread's _Held
+        self._all_held: weakref.WeakSet[_Held] = weakref.WeakSet()  # closed by close()
+
+    def node(self) -> Any:
+        """The client for commands about the queue's server (its cluster node)."""
+        if self.cluster:
+            return self.client.get_redis_connection(self.client.get_node_from_key(self.anchor))
+        return self.client
+
+    def blocking_node(self) -> Any:
+        """The blocking-wait client of the queue's server (its cluster node)."""
+        if self.cluster:
+            node = self.blocking.get_node_from_key(self.anchor)
+            return self.blocking.get_redis_connection(node)
+        return self.blocking
 
     def use_unflagged_scripts(self) -> None:
         """Load the scripts without their flags line (a server before Redis 7).
@@ -188,6 +408,7 @@ class Connection:
         """
         self._texts = SCRIPTS
         self._scripts = {name: self.client.register_script(t) for name, t in SCRIPTS.items()}
+        self._shas = {name: str(script.sha) for name, script in self._scripts.items()}
 
     def call(self, fn: Callable[[], T], *, retry: bool = False) -> T:
         """Run a Redis call, mapping driver errors; ``retry`` once if it is safe."""
@@ -202,24 +423,90 @@ class Connection:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def script(
-        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = False
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        retry: bool = False,
+        then: Sequence[Any] = (),
     ) -> Any:
-        """Run script ``name`` with EVALSHA (reloaded by redis-py on NOSCRIPT)."""
+        """Run script ``name`` with EVALSHA on this thread's own connection.
+
+        A server that lost the script (``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
+        restart) gets its text with EVAL, which also caches it again. A
+        connection error is retried once on a new connection when ``retry``
+        (the call is safe to repeat), else raised as BackendUnavailable.
+        ``then``: a command sent next on the same connection (``WAIT``, which
+        counts this connection's writes); the reply is then ``(script's, its)``.
+        """
+        if self.cluster:  # redis-py routes by slot and follows MOVED / ASK
+            return self._script_via_client(name, keys, args, retry=retry)
+        for attempt in (0, 1):
+            held = self._held()
+            conn = held.conn
+            try:
+                try:
+                    reply = _send(conn, "EVALSHA", self._shas[name], len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    reply = _send(conn, "EVAL", self._texts[name], len(keys), *keys, *args)
+                return (reply, _send(conn, *then)) if then else reply
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                held.drop()
+                if retry and attempt == 0:
+                    continue
+                raise mapped_error(exc, self.url) from exc
+            except redis.RedisError as exc:  # an error reply: the connection is fine
+                raise mapped_error(exc, self.url) from exc
+            except BaseException:
+                held.drop()  # interrupted mid-call: a reply may still be on its way
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _script_via_client(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool
+    ) -> Any:
         script = self._scripts[name]
 
         def run() -> Any:
             try:
-                return script(keys=keys, args=args)
+                return script(keys=keys, args=args)  # EVALSHA, reloaded on NOSCRIPT
             except redis.exceptions.NoScriptError:
                 # Flushed again between the reload and the retry: send the body.
                 return self.client.eval(self._texts[name], len(keys), *keys, *args)
 
         return self.call(run, retry=retry)
 
+    def _held(self) -> _Held:
+        """This thread's connection, checked for a server that closed it meanwhile."""
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None or held.pid != os.getpid():
+            pool = self.client.connection_pool
+            held = self._local.held = _Held(pool.connection_class(**pool.connection_kwargs))
+            self._all_held.add(held)
+        conn = held.conn
+        if conn._sock is not None:
+            try:
+                stale = conn.can_read(timeout=0)
+            except (redis.ConnectionError, OSError):
+                stale = True
+            if stale:  # closed by the server (idle timeout, restart): reconnect below
+                conn.disconnect()
+        if conn._sock is None:
+            # Connect here, as the pool does, through ``connect()``: a Sentinel
+            # connection asks the sentinels for the master there (sending on an
+            # unconnected socket would go to the default host instead).
+            with mapped_errors(self.url):
+                conn.connect()
+        return held
+
     def sha(self, name: str) -> str:
         """The SHA1 of script ``name`` (what EVALSHA sends)."""
-        return str(self._scripts[name].sha)
+        return self._shas[name]
 
     def close(self) -> None:
+        for held in list(self._all_held):
+            held.drop()
         self.client.close()
-        self.blocking.close()
+        if self.blocking is not self.client:
+            self.blocking.close()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from delayq.backends._common import readable_json
+from delayq.backends._common import RELEASED_NOTE, readable_json
+from delayq.backends.base import Completion
 from delayq.codec import decode_payload
-from delayq.job import Job, JobState
+from delayq.job import Job, JobSpec, JobState
 
-__all__ = ["job_of", "optional_float", "pairs", "when_arg"]
+__all__ = ["completion_args", "enqueue_args", "job_of", "optional_float", "pairs", "when_arg"]
 
 
 def optional_float(text: str | None) -> float | None:
@@ -46,3 +48,52 @@ def job_of(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
         outcome=f.get("outcome"),
         lease_until=optional_float(f.get("lease_until")),
     )
+
+
+def enqueue_args(specs: Sequence[JobSpec], on_conflict: str, *, check_only: bool) -> list[Any]:
+    """The arguments of ``enqueue.lua`` for ``specs`` (see its header)."""
+    # Jobs of one batch usually share name, max_attempts, backoff, misfire and
+    # created_at: send each such "profile" once and 4 fields per job, half the
+    # arguments to pack, send and read.
+    profiles: dict[tuple[Any, ...], int] = {}
+    backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
+    head: list[Any] = [on_conflict, len(specs), 0, "1" if check_only else ""]
+    body: list[Any] = []
+    for spec in specs:
+        backoff = backoffs.get(id(spec.backoff))
+        if backoff is None:
+            backoff = backoffs[id(spec.backoff)] = json.dumps(spec.backoff, separators=(",", ":"))
+        key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
+        profile = profiles.get(key)
+        if profile is None:
+            profile = profiles[key] = len(profiles) + 1
+            head += (
+                spec.name,
+                spec.max_attempts,
+                backoff,
+                spec.misfire,
+                repr(float(spec.created_at)),
+            )
+        # A relative delay is due on the server's clock ("+<seconds>").
+        when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
+        body += (spec.id, spec.payload, when, profile)
+    head[2] = len(profiles)
+    return head + body
+
+
+def completion_args(items: Sequence[Completion]) -> list[Any]:
+    """The arguments of a batch of completions: n, then 5 per entry (see ``complete.lua``)."""
+    args: list[Any] = [len(items)]
+    for item in items:
+        retrying = item.state is JobState.SCHEDULED
+        text = item.error if retrying or item.state is JobState.DEAD else item.outcome
+        if item.released:
+            text = RELEASED_NOTE
+        args += (
+            item.claim.job.id,
+            item.claim.token,
+            "release" if item.released else item.state.value,
+            repr(item.run_at) if item.run_at is not None else "",
+            text or "",
+        )
+    return args

@@ -13,7 +13,9 @@
 -- KEYS[9] skipped    ZSET  (same)
 -- ARGV[1] job key prefix: a job's hash is ARGV[1] .. id (same hash tag as KEYS)
 -- ARGV[2] now in epoch seconds, or "" to use the server clock (TIME)
--- ARGV[3] result_ttl in ms: how long finished records are kept (<= 0: not kept)
+-- ARGV[3] "<result_ttl ms> <max finished> <max dead>": finished records are kept that
+--         long (<= 0: not kept), and at most that many per final state; dead letters
+--         at most that many (0: no cap); past a cap the oldest records go
 -- ARGV[4] shadow key prefix for the expiry trigger, or "" when it is off
 --
 -- Job hashes are built from ARGV[1] rather than passed in KEYS because claim
@@ -24,7 +26,11 @@ local K_DUE, K_RUNNING, K_DEAD = KEYS[1], KEYS[2], KEYS[3]
 local K_SEQ, K_TOKEN, K_WAKE = KEYS[4], KEYS[5], KEYS[6]
 local K_DONE = {succeeded = KEYS[7], cancelled = KEYS[8], skipped = KEYS[9]}
 local JOB_PREFIX = ARGV[1]
-local RESULT_TTL_MS = tonumber(ARGV[3])
+local RESULT_TTL_MS, MAX_FINISHED, MAX_DEAD
+do
+  local ttl, finished, dead = string.match(ARGV[3], '^(%S+) (%S+) (%S+)$')
+  RESULT_TTL_MS, MAX_FINISHED, MAX_DEAD = tonumber(ttl), tonumber(finished), tonumber(dead)
+end
 local SHADOW_PREFIX = ARGV[4]
 
 -- Lua's tostring keeps only 14 significant digits: format floats explicitly.
@@ -157,6 +163,26 @@ local function format_time(epoch)
     math.floor(rem / 3600), math.floor((rem % 3600) / 60), rem % 60, ms)
 end
 
+-- Keep the index `index` of final state `state` within `cap` records (0: no cap)
+-- by deleting its oldest ones, at most two per call: memory stays bounded
+-- whatever the rate, and no call does more than a few steps of catching up.
+local function trim_index(index, state, cap)
+  if cap <= 0 then
+    return
+  end
+  local over = redis.call('ZCARD', index) - cap
+  if over <= 0 then
+    return
+  end
+  local oldest = redis.call('ZPOPMIN', index, math.min(over, 2))
+  for i = 1, #oldest, 2 do
+    local key = job_key(oldest[i])
+    if redis.call('HGET', key, 'state') == state then
+      redis.call('DEL', key)
+    end
+  end
+end
+
 -- Record a final state (succeeded / cancelled / skipped); the record expires.
 local function finish(key, id, state)
   if RESULT_TTL_MS <= 0 then
@@ -165,13 +191,15 @@ local function finish(key, id, state)
   end
   redis.call('ZADD', K_DONE[state], NOW_MS + RESULT_TTL_MS, id)
   redis.call('PEXPIRE', key, math.ceil(RESULT_TTL_MS))
+  trim_index(K_DONE[state], state, MAX_FINISHED)
 end
 
--- Move a job to the dead-letter set (kept until purged or requeued).
+-- Move a job to the dead-letter set (kept until purged, requeued or past MAX_DEAD).
 local function bury(key, id, err)
   redis.call('HSET', key, 'state', 'dead', 'last_error', err, 'updated_at', fmt(NOW))
   redis.call('HDEL', key, 'lease_until')
   redis.call('ZADD', K_DEAD, NOW_MS, id)
+  trim_index(K_DEAD, 'dead', MAX_DEAD)
 end
 
 -- nil when `token` is the job's current claim, else the reply a stale claim
@@ -275,6 +303,191 @@ local function unindex_final(key, id, state)
     redis.call('ZREM', K_DONE[state], id)
   end
   redis.call('PERSIST', key)
+end
+
+-- Claim up to `limit` due jobs for `lease` seconds (see claim.lua for the reply).
+-- REQUEST is the call's request key: when it holds a record, the call is the retry
+-- of one whose reply was lost and returns that call's claims; a claim that took
+-- jobs records itself there for `replay_ms` (0: no record).
+--
+-- First, expired leases go back to the due set (due at once), or to the
+-- dead-letter set when the job has used all its attempts: no reaper process is
+-- needed. Then due jobs are claimed in (run_at, enqueue order). When the claim
+-- filled its limit and jobs remain that are due now, or due before any lease
+-- ends, one more worker is woken (the wake-up passes on like a baton): the one
+-- token an enqueue pushed was taken by this busy worker, so no idle worker
+-- knows of them otherwise.
+-- One is also woken when the new lease ends before both the head of the due set
+-- and every other lease: a worker asleep toward a far-off job then learns of it,
+-- and recovers the lease on time if this worker dies. Under load this never fires
+-- (the head is near, or an older lease ends first); only a job claimed in a quiet
+-- moment costs one extra wake-up.
+--
+-- The request's record is one short string, "<now> <lease_until> <first token>
+-- <last token>": the jobs of one claim share its lease deadline (their score in
+-- the running set) and hold consecutive tokens, so a retry finds them there.
+local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_purge)
+  local now = fmt(NOW)
+
+  local prior = redis.call('GET', REQUEST)
+  if prior then
+    local p_now, p_lease, p_first, p_last = string.match(prior, '^(%S+) (%S+) (%S+) (%S+)$')
+    local first, last = tonumber(p_first), tonumber(p_last)
+    local replay = {p_now, p_lease, '', 0}
+    local score = fmt(tonumber(p_lease) * 1000)
+    local held = {}
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_RUNNING, score, score)) do
+      local f = redis.call('HMGET', job_key(id), 'state', 'token')
+      local token = tonumber(f[2])
+      if f[1] == 'running' and token and token >= first and token <= last then
+        held[#held + 1] = {token, id}
+      end
+    end
+    table.sort(held, function(a, b) return a[1] < b[1] end) -- claim order
+    for _, h in ipairs(held) do
+      replay[#replay + 1] = h[2]
+      replay[#replay + 1] = redis.call('HGETALL', job_key(h[2]))
+    end
+    return replay
+  end
+
+  -- Finished records expire by themselves; drop them from the per-state indexes
+  -- (a bounded number per call, so a lowered result_ttl never blocks the server).
+  for _, k in pairs(K_DONE) do
+    local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_purge)
+    if #old > 0 then
+      redis.call('ZREM', k, unpack(old))
+    end
+  end
+
+  local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
+  for _, id in ipairs(expired) do
+    local key = job_key(id)
+    local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+    if f[1] == 'running' then
+      recover_lease(key, id, f)
+    else
+      redis.call('ZREM', K_RUNNING, id)
+    end
+  end
+
+  local lease_until = NOW + lease
+  local lease_until_s = fmt(lease_until)
+  local result = {now, lease_until_s, '', 0}
+  local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+  local lease_before = nil -- the earliest lease deadline before this claim (ms)
+  if #members > 0 then
+    lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
+  end
+  local claimed = 0
+  local first_token = 0
+  if #members > 0 then
+    first_token = new_tokens(#members)
+  end
+  for _, member in ipairs(members) do
+    local id = string.sub(member, 17)
+    local key = job_key(id)
+    redis.call('ZREM', K_DUE, member)
+    if SHADOW_PREFIX ~= '' then
+      redis.call('DEL', SHADOW_PREFIX .. id)
+    end
+    if redis.call('HGET', key, 'state') == 'scheduled' then
+      local token = string.format('%d', first_token + claimed)
+      redis.call('HINCRBY', key, 'attempts', 1)
+      redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
+        'updated_at', now)
+      redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
+      claimed = claimed + 1
+      result[#result + 1] = id
+      result[#result + 1] = redis.call('HGETALL', key)
+    end
+  end
+
+  if claimed > 0 and replay_ms > 0 then
+    redis.call('SET', REQUEST, string.format('%s %s %d %d', now, lease_until_s, first_token,
+      first_token + claimed - 1), 'PX', replay_ms)
+  end
+
+  local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
+  local next_ms = tonumber(head[2])
+  local lease_ms = lease_until * 1000
+  local wake = false
+  if #members == limit and next_ms then
+    -- Waiters wake by the earliest lease at the latest (see below), so a head
+    -- after it needs no token; one before it (or due now) does.
+    local earliest_lease = lease_ms
+    if lease_before and lease_before < earliest_lease then
+      earliest_lease = lease_before
+    end
+    wake = next_ms <= NOW_MS or next_ms < earliest_lease
+  end
+  if claimed > 0 and (not next_ms or lease_ms < next_ms)
+      and (not lease_before or lease_ms < lease_before) then
+    wake = true
+    result[4] = 1
+  end
+  -- At most one token: a token nobody took yet already wakes the next waiter.
+  if wake and redis.call('LLEN', K_WAKE) == 0 then
+    redis.call('LPUSH', K_WAKE, '1')
+  end
+  local lease_head = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
+  if lease_head[2] and (not next_ms or tonumber(lease_head[2]) < next_ms) then
+    next_ms = tonumber(lease_head[2])
+  end
+  if next_ms then
+    result[3] = fmt(next_ms - NOW_MS)
+  end
+  return result
+end
+
+-- Finish a batch of n claims whose entries start at ARGV[first] (see complete.lua
+-- for the entry layout and the reply).
+local function complete_batch(n, first)
+  local FIELDS = 5
+  -- The head of the due set before the first retry (acks and buries do not move it).
+  local before = nil
+  local retried = false
+  local result = {0}
+  for i = 0, n - 1 do
+    local base = first + i * FIELDS
+    local id, token, state = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+    local key = job_key(id)
+    local is_stale = stale(key, token)
+    if is_stale then
+      result[#result + 1] = is_stale
+    else
+      if state == 'release' then
+        -- Back to its original run_at (its place in the due order), the attempt given back.
+        if not retried then
+          before = head_score()
+          retried = true
+        end
+        redis.call('ZREM', K_RUNNING, id)
+        redis.call('HINCRBY', key, 'attempts', -1)
+        -- A real error of an earlier attempt stays; the note only fills an empty one.
+        redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
+        redis.call('HSETNX', key, 'last_error', ARGV[base + 4])
+        redis.call('HDEL', key, 'lease_until')
+        schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
+      elseif state == 'scheduled' then
+        if not retried then
+          before = head_score()
+          retried = true
+        end
+        retry_job(key, id, ARGV[base + 3], ARGV[base + 4])
+      elseif state == 'dead' then
+        redis.call('ZREM', K_RUNNING, id)
+        bury(key, id, ARGV[base + 4])
+      else
+        ack_job(key, id, state, ARGV[base + 4])
+      end
+      result[#result + 1] = {1}
+    end
+  end
+  if retried then
+    result[1] = wake_if_earlier(before)
+  end
+  return result
 end
 
 -- ---------------------------------------------------------------------------

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,8 +14,6 @@ from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
-    RELEASED_NOTE,
-    CompletesAndClaims,
     check_ack_state,
     check_lease,
     check_limit,
@@ -31,15 +27,23 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.redis._connection import Connection, mask, split_url
-from delayq.backends.redis._fields import job_of, optional_float, pairs, when_arg
+from delayq.backends.redis._fields import (
+    completion_args,
+    enqueue_args,
+    job_of,
+    optional_float,
+    pairs,
+    when_arg,
+)
+from delayq.backends.redis._inspect import Inspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
     DEFAULT_QUEUE,
-    FINISHED_INDEX,
     KEY_NAMES,
     queue_keys,
 )
 from delayq.backends.redis._schedules import RedisSchedules
+from delayq.backends.redis._server import ServerChecks
 from delayq.backends.redis._waiting import Waiting
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
@@ -54,23 +58,37 @@ from delayq.job import (
     CancelOutcome,
     Claim,
     EnqueueOutcome,
-    Job,
     JobSpec,
     JobState,
     OnConflict,
     RescheduleOutcome,
-    Stats,
     check_on_conflict,
 )
 
 __all__ = ["RedisBackend"]
 
 _RECOVER_PER_CLAIM = 1000  # expired leases returned per claim call (bounds script time)
+SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+"""The URL schemes the Redis store opens."""
+ENQUEUE_CHUNK = 2000
+"""Jobs stored per script call; a larger batch is checked, then written, in chunks."""
+DEFAULT_MAX_FINISHED = 10_000
+"""Finished records kept per final state at most (the oldest go first)."""
+DEFAULT_MAX_DEAD = 100_000
+"""Dead letters kept at most (the oldest go first)."""
 
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(RedisSchedules, CompletesAndClaims):
+class RedisBackend(Inspection, RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -78,8 +96,11 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
     * ``queue``: the queue name (default ``"default"``); it is the hash tag.
     * ``prefix``: the first part of every key (default ``"delayq"``).
     * ``result_ttl``: seconds finished records (succeeded, cancelled, skipped)
-      are kept, 7 days by default (an ``EXPIRE`` on the job hash). Dead letters
-      stay until purged or requeued.
+      are kept, 7 days by default (an ``EXPIRE`` on the job hash).
+    * ``max_finished``: at most this many finished records per final state
+      (10,000 by default; 0: no cap); past it the oldest go first, so memory
+      stays bounded whatever the rate. ``max_dead``: the same for dead letters
+      (100,000 by default), which otherwise stay until purged or requeued.
     * ``clock``: for tests only. When given (and not the system clock) it
       replaces the server's ``TIME`` everywhere a call is not given ``now=``, and
       ``wait_for_due`` waits on it, woken only by handles in this process.
@@ -88,12 +109,28 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
       ``notify-keyspace-events Ex`` itself; otherwise it must already be on.
     * ``socket_timeout`` / ``socket_connect_timeout``: seconds (10 / 5).
     * ``client_options``: more keyword arguments for ``redis.Redis``.
+    * ``wait_replicas`` / ``wait_aof``: an ``enqueue`` (``schedule``) returns
+      only once that many replicas have its writes (``WAIT``) and, with
+      ``wait_aof``, once the AOF of the master holds them on disk (``WAITAOF``,
+      Redis 7.2 and later), within ``wait_timeout`` seconds; when that does not
+      happen it raises :class:`~delayq.errors.BackendError` saying the jobs were
+      stored on the master but are not yet as durable as asked. Not with Redis
+      Cluster.
+    * ``client``: your own ``redis.Redis`` or ``redis.cluster.RedisCluster``
+      (created with ``decode_responses=True``) instead of one made from ``url``.
+
+    URLs: ``redis://`` / ``rediss://`` / ``unix://`` for one server,
+    ``redis+cluster://host:port[,host:port]`` for a Redis Cluster, and
+    ``redis+sentinel://[:password@]host:port[,host:port]/service[/db]`` for the
+    master that Sentinel names (followed across failovers).
 
     At startup it refuses (:class:`~delayq.errors.ConfigurationError`) a server
     whose ``maxmemory-policy`` may evict keys that are not volatile
     (``allkeys-*``): an evicted job hash or due set is a lost job. ``noeviction``
     is the right setting; ``volatile-*`` is accepted, because only keys with a
     TTL can go (finished records, wake lists, shadow keys), never a pending job.
+    Claims re-check it every minute and log an error; a server without an
+    append-only file gets a warning (see ``_server.py``).
 
     Connection failures raise :class:`~delayq.errors.BackendUnavailable`.
     Reads and claims are retried once on a fresh connection; other state
@@ -118,17 +155,28 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         queue: str = DEFAULT_QUEUE,
         prefix: str = DEFAULT_PREFIX,
         result_ttl: float = DEFAULT_RESULT_TTL,
+        max_finished: int = DEFAULT_MAX_FINISHED,
+        max_dead: int = DEFAULT_MAX_DEAD,
         clock: Clock | None = None,
         expiry_events: bool = False,
         configure_server: bool = False,
         socket_timeout: float = 10.0,
         socket_connect_timeout: float = 5.0,
         client_options: dict[str, Any] | None = None,
+        client: Any = None,
+        wait_replicas: int = 0,
+        wait_aof: bool = False,
+        wait_timeout: float = 1.0,
     ) -> None:
         redis_url, url_options = split_url(url)
         queue = url_options.get("queue", queue)
         prefix = url_options.get("prefix", prefix)
         result_ttl = url_options.get("result_ttl", result_ttl)
+        max_finished = url_options.get("max_finished", max_finished)
+        max_dead = url_options.get("max_dead", max_dead)
+        wait_replicas = url_options.get("wait_replicas", wait_replicas)
+        wait_aof = url_options.get("wait_aof", wait_aof)
+        wait_timeout = url_options.get("wait_timeout", wait_timeout)
         expiry_events = url_options.get("expiry_events", expiry_events)
         for name, value in (("queue", queue), ("prefix", prefix)):
             if not isinstance(value, str) or not value or any(c in value for c in "{}"):
@@ -137,6 +185,22 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         self.queue = queue
         self.prefix = prefix
         self._result_ttl = check_result_ttl(result_ttl)
+        for option, cap in (("max_finished", max_finished), ("max_dead", max_dead)):
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise InvalidOption(f"{option} must be an int >= 0 (0: no cap), got {cap!r}")
+        self._wait: tuple[Any, ...] = ()
+        for option, count in (("wait_replicas", wait_replicas), ("wait_aof", int(wait_aof))):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidOption(f"{option} must be an int >= 0, got {count!r}")
+        if wait_replicas or wait_aof:
+            ms = int(check_seconds(wait_timeout, "wait_timeout") * 1000)
+            if wait_aof:
+                self._wait = ("WAITAOF", 1, wait_replicas, ms)
+            else:
+                self._wait = ("WAIT", wait_replicas, ms)
+        self._wait_replicas = wait_replicas
+        # ARGV[3] of every script (see _lib.lua): how long and how many records stay.
+        self._retention = f"{self._result_ttl * 1000!r} {max_finished} {max_dead}"
         self._clock = None if clock is None or clock is SYSTEM_CLOCK else clock
         self._keys = queue_keys(prefix, queue)
         self._key_list = [self._keys[name] for name in KEY_NAMES]
@@ -147,15 +211,18 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
             "socket_connect_timeout": check_seconds(
                 socket_connect_timeout, "socket_connect_timeout"
             ),
-            "socket_keepalive": True,
+            **({} if urlsplit(redis_url).scheme == "unix" else {"socket_keepalive": True}),
             **(client_options or {}),
         }
         # A claim's record serves its one retry, which follows a lost reply
         # within about one socket timeout: keep it for two, and 5 s more.
         self._replay_ms = int((2 * socket_timeout + 5) * 1000)
-        self._conn = Connection(redis_url, self.url, options)
+        self._conn = Connection(
+            redis_url, self.url, options, anchor=self._keys["due"], client=client
+        )
         self._redis = self._conn.client
         self._db = self._conn.db
+        self._server = ServerChecks(self._conn)
         self._wakes = Waiting(
             self._conn,
             self._keys,
@@ -165,7 +232,15 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
             next_wake=lambda: self._run("next_wake", retry=True),
         )
         try:
-            self._check_server(configure_server)
+            if self._wait and self._conn.cluster:
+                raise ConfigurationError("wait_replicas / wait_aof do not work with Redis Cluster")
+            self._server.at_start(
+                expiry_events=self._expiry_events,
+                configure=configure_server,
+                waitaof=bool(wait_aof),
+            )
+            if self._clock is None:
+                self._wakes.check_unblock()
         except BaseException:
             self.close()
             raise
@@ -173,7 +248,7 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Open ``redis://[:password@]host:port/db[?queue=...&prefix=...]``."""
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        if urlsplit(url).scheme not in SCHEMES:
             raise ConfigurationError(f"RedisBackend needs a redis:// URL, got {mask(url)!r}")
         return cls(url, **options)
 
@@ -181,40 +256,6 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         return f"RedisBackend(url={self.url!r}, queue={self.queue!r}, prefix={self.prefix!r})"
 
     # -- internals ------------------------------------------------------------
-    def _check_server(self, configure: bool) -> None:
-        """Refuse a server that may evict pending jobs; set up expiry events if asked."""
-        info = self._call(self._redis.info, retry=True)
-        major = int(str(info.get("redis_version", "7")).split(".")[0] or 7)
-        if major < 7:
-            self._conn.use_unflagged_scripts()
-        policy = str(info.get("maxmemory_policy", "noeviction"))
-        if policy.startswith("allkeys-"):
-            raise ConfigurationError(
-                f"Redis at {self.url} has maxmemory-policy {policy}: it may evict pending "
-                f"jobs when memory runs out. Set maxmemory-policy noeviction (or a volatile-* "
-                f"policy) on that server, or give delayq its own Redis."
-            )
-        if not self._expiry_events:
-            return
-        flags = self._config_flags()
-        if flags is not None and "E" in flags and ("x" in flags or "A" in flags):
-            return
-        if not configure:
-            raise ConfigurationError(
-                f"expiry_events=True needs notify-keyspace-events to include 'Ex' on "
-                f"{self.url} (now {flags!r}); run CONFIG SET notify-keyspace-events Ex, or "
-                f"pass configure_server=True to let delayq set it"
-            )
-        new = "".join(sorted(set((flags or "") + "Ex")))
-        self._call(lambda: self._redis.config_set("notify-keyspace-events", new), retry=True)
-
-    def _config_flags(self) -> str | None:
-        try:
-            reply = self._call(lambda: self._redis.config_get("notify-keyspace-events"), retry=True)
-        except BackendError:
-            return None  # CONFIG is disabled on some managed services
-        return str(reply.get("notify-keyspace-events", ""))
-
     def _check_open(self) -> None:
         if self._wakes.closed:
             raise QueueClosed(f"{self!r} is closed")
@@ -237,93 +278,97 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         now: float | None = None,
         retry: bool = False,
         keys: Sequence[str] = (),
+        then: Sequence[Any] = (),
     ) -> Any:
         """Run script ``name`` with the queue's fixed keys plus ``keys``, the four
-        common arguments (see ``_lib.lua``) plus ``args``."""
+        common arguments (see ``_lib.lua``) plus ``args`` (``then``: see
+        ``Connection.script``)."""
         self._check_open()
         full = [
             self._keys["job:"],
             self._now_arg(now),
-            repr(self._result_ttl * 1000),
+            self._retention,
             self._keys["shadow:"] if self._expiry_events else "",
             *args,
         ]
-        return self._conn.script(name, [*self._key_list, *keys], full, retry=retry)
+        return self._conn.script(name, [*self._key_list, *keys], full, retry=retry, then=then)
+
+    def _write(self, name: str, args: Sequence[Any]) -> Any:
+        """``_run`` for a producer's write, then the ``WAIT`` / ``WAITAOF`` asked for."""
+        if not self._wait:
+            return self._run(name, args)
+        reply, acked = self._run(name, args, then=self._wait)
+        if reply[0] == "conflict":
+            return reply  # nothing was written
+        local, replicas = (1, acked) if self._wait[0] == "WAIT" else (acked[0], acked[1])
+        if local < 1 or replicas < self._wait_replicas:
+            raise BackendError(
+                f"the jobs were stored on the Redis master at {self.url}, but within the "
+                f"wait_timeout only {replicas} of {self._wait_replicas} replicas"
+                + (f" and {local} of 1 local AOF" if self._wait[0] == "WAITAOF" else "")
+                + " acknowledged them: they may be lost if the master fails now"
+            )
+        return reply
 
     def _stale(self, claim: Claim, reply: Sequence[Any]) -> StaleClaim:
         state = JobState(reply[1]) if reply[1] else None
         token = int(reply[2]) if reply[2] else None
         return stale_claim(claim, state, token)
 
-    def _members(self, fn: Callable[[], Any]) -> list[str]:
-        """Run a read returning ZSET members (retried once), as a list of str."""
-        self._check_open()
-        return [str(m) for m in self._call(fn, retry=True)]
-
-    def _fetch(self, ids: Sequence[str]) -> list[Job]:
-        """The jobs with these ids that still exist, in the given order."""
-        jobs: list[Job] = []
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start : start + 500])
-            replies = self._run("get", chunk, retry=True)
-            jobs.extend(
-                job_of(job_id, pairs(flat))
-                for job_id, flat in zip(chunk, replies, strict=True)
-                if flat
-            )
-        return jobs
-
     # -- producers ----------------------------------------------------------------
     def enqueue(
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
+        """Store ``jobs`` all or none (see the contract).
+
+        Up to ``ENQUEUE_CHUNK`` jobs go in one script call. A larger batch is
+        sent in chunks, so no single script holds the server for long: every
+        chunk is checked first (a conflict stores nothing), then written; only
+        a concurrent writer of the same ids between the two passes can make a
+        later chunk conflict, and the error then says how many were stored.
+        """
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
-        # Jobs of one batch usually share name, max_attempts, backoff, misfire and
-        # created_at: send each such "profile" once and 4 fields per job (see
-        # enqueue.lua), half the arguments to pack, send and read.
-        profiles: dict[tuple[Any, ...], int] = {}
-        backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
-        head: list[Any] = [on_conflict, len(specs), 0]
-        body: list[Any] = []
-        for spec in specs:
-            backoff = backoffs.get(id(spec.backoff))
-            if backoff is None:
-                backoff = backoffs[id(spec.backoff)] = json.dumps(
-                    spec.backoff, separators=(",", ":")
-                )
-            key = (spec.name, spec.max_attempts, backoff, spec.misfire, spec.created_at)
-            profile = profiles.get(key)
-            if profile is None:
-                profile = profiles[key] = len(profiles) + 1
-                head += (
-                    spec.name,
-                    spec.max_attempts,
-                    backoff,
-                    spec.misfire,
-                    repr(float(spec.created_at)),
-                )
-            # A relative delay is due on the server's clock ("+<seconds>").
-            when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
-            body += (spec.id, spec.payload, when, profile)
-        head[2] = len(profiles)
-        args = head + body
-        reply = self._run("enqueue", args)
-        if reply[0] == "conflict":
-            job_id, state = reply[1], reply[2]
-            if state == "running" and on_conflict == "replace":
-                raise JobConflict(
-                    f"job {job_id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
+        if len(specs) <= ENQUEUE_CHUNK:
+            reply = self._write("enqueue", enqueue_args(specs, on_conflict, check_only=False))
+            self._check_enqueued(reply, on_conflict, stored=0)
+            self._wakes.woke(reply[1])
+            return [EnqueueOutcome(o) for o in reply[2:]]
+        if on_conflict == "reject":
+            ids = [spec.id for spec in specs]
+            if len(set(ids)) != len(ids):
+                twice = next(i for i in ids if ids.count(i) > 1)
+                raise JobConflict(f"job {twice!r} appears more than once in the batch")
+        chunks = [specs[i : i + ENQUEUE_CHUNK] for i in range(0, len(specs), ENQUEUE_CHUNK)]
+        for chunk in chunks:
+            reply = self._run("enqueue", enqueue_args(chunk, on_conflict, check_only=True))
+            self._check_enqueued(reply, on_conflict, stored=0)
+        outcomes: list[EnqueueOutcome] = []
+        for chunk in chunks:
+            reply = self._write("enqueue", enqueue_args(chunk, on_conflict, check_only=False))
+            self._check_enqueued(reply, on_conflict, stored=len(outcomes))
+            self._wakes.woke(reply[1])
+            outcomes += (EnqueueOutcome(o) for o in reply[2:])
+        return outcomes
+
+    @staticmethod
+    def _check_enqueued(reply: Sequence[Any], on_conflict: str, *, stored: int) -> None:
+        """Raise JobConflict for an enqueue reply that reports one."""
+        if reply[0] != "conflict":
+            return
+        job_id, state = reply[1], reply[2]
+        note = f" ({stored} jobs of this batch were stored before it)" if stored else ""
+        if state == "running" and on_conflict == "replace":
             raise JobConflict(
-                f"job {job_id!r} already exists ({state}); pass "
-                f"on_conflict='keep' or 'replace' to accept an existing id"
+                f"job {job_id!r} is running and cannot be replaced; "
+                f"cancel is not possible either: wait for it to finish{note}"
             )
-        self._wakes.woke(reply[1])
-        return [EnqueueOutcome(o) for o in reply[2:]]
+        raise JobConflict(
+            f"job {job_id!r} already exists ({state}); pass "
+            f"on_conflict='keep' or 'replace' to accept an existing id{note}"
+        )
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(self._run("cancel", [job_id]))
@@ -341,6 +386,7 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         lease = check_lease(lease)
         # The request key makes the one retry safe: if the first call ran but its
         # reply was lost, the retry finds the key and returns that call's claims.
+        self._server.maybe_recheck()
         request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
         reply = self._run(
             "claim",
@@ -349,12 +395,18 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
             retry=True,
             keys=[request],
         )
+        return self._claims(reply, hint=now is None)
+
+    def _claims(self, reply: Sequence[Any], *, hint: bool) -> list[Claim]:
+        """The claims of a claim script's reply (see ``claim.lua``); jobs that do not
+        decode are buried. ``hint``: remember the reply's next due time for waits."""
         claimed_at = float(reply[0])
         lease_until = float(reply[1])
         self._wakes.woke(reply[3])  # the new lease ends before anything waiters here wait for
-        if now is None and self._clock is None:  # the hint is on the server's clock
+        if hint and self._clock is None:  # the hint is on the server's clock
             ms = optional_float(reply[2])
-            self._wakes.set_hint(ms)
+            at = None if ms is None else claimed_at * 1000 + ms
+            self._wakes.set_hint(ms, at)
         claims: list[Claim] = []
         for i in range(4, len(reply), 2):
             fields = pairs(reply[i + 1])
@@ -402,20 +454,35 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
         items = Completion.batch(batch)
         if not items:
             return []
-        args: list[Any] = [len(items)]
-        for item in items:
-            retrying = item.state is JobState.SCHEDULED
-            text = item.error if retrying or item.state is JobState.DEAD else item.outcome
-            if item.released:
-                text = RELEASED_NOTE
-            args += (
-                item.claim.job.id,
-                item.claim.token,
-                "release" if item.released else item.state.value,
-                repr(item.run_at) if item.run_at is not None else "",
-                text or "",
-            )
-        reply = self._run("complete", args)
+        reply = self._run("complete", completion_args(items))
+        return self._answers(items, reply)
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease)`` as ONE script
+        call (see ``complete_and_claim.lua``); ``limit=0`` claims nothing.
+
+        It is not retried after a lost reply (its completions would then be
+        answered as stale); the jobs it claimed come back when their lease ends.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+        lease = check_lease(lease)
+        items = Completion.batch(batch)
+        if not items and limit == 0:
+            return [], []
+        self._server.maybe_recheck()
+        request = f"{self._keys['claim:']}{uuid.uuid4().hex[:16]}"
+        head = [limit, repr(lease), _RECOVER_PER_CLAIM, 0, PURGE_BATCH]
+        reply = self._run("complete_and_claim", head + completion_args(items), keys=[request])
+        answers = self._answers(items, reply[0])
+        return answers, (self._claims(reply[1], hint=True) if limit else [])
+
+    def _answers(
+        self, items: Sequence[Completion], reply: Sequence[Any]
+    ) -> list[StaleClaim | None]:
+        """Each completion's answer in a ``complete`` reply (see ``complete.lua``)."""
         self._wakes.woke(reply[0])
         return [
             None if int(answer[0]) else self._stale(item.claim, answer)
@@ -443,98 +510,6 @@ class RedisBackend(RedisSchedules, CompletesAndClaims):
 
     def interrupt(self) -> None:
         self._wakes.wake_local()
-
-    # -- inspection and dead letters ------------------------------------------------
-    def get(self, job_id: str) -> Job | None:
-        jobs = self._fetch([job_id])
-        return jobs[0] if jobs else None
-
-    def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        due_after: float | None = None,
-        due_before: float | None = None,
-        limit: int = 100,
-    ) -> list[Job]:
-        """Jobs in ``run_at`` order (FIFO ties); the window is ``due_after <= run_at < due_before``.
-
-        Scheduled jobs are read from the due index (cost grows with ``limit``);
-        the other states are read whole and sorted here, which is fine for an
-        inspection call but grows with the number of running/finished records.
-        """
-        limit = check_limit(limit)
-        state = None if state is None else JobState(state)
-        low = "-inf" if due_after is None else repr(check_run_at(due_after, "due_after") * 1000)
-        high = (
-            "+inf"
-            if due_before is None
-            else "(" + repr(check_run_at(due_before, "due_before") * 1000)
-        )
-        jobs: list[Job] = []
-        if state in (None, JobState.SCHEDULED):
-            members = self._members(
-                lambda: self._redis.zrangebyscore(self._keys["due"], low, high, 0, limit)
-            )
-            jobs += self._fetch([m[16:] for m in members])
-        others = [JobState.RUNNING, *FINISHED_INDEX] if state is None else [state]
-        for other in others:
-            if other is JobState.SCHEDULED:
-                continue
-            index = self._keys["running" if other is JobState.RUNNING else FINISHED_INDEX[other]]
-            ids = self._members(functools.partial(self._redis.zrange, index, 0, -1))
-            jobs += [j for j in self._fetch(ids) if j.state is other]
-        seq = {j.id: i for i, j in enumerate(jobs)}
-        jobs = [
-            j
-            for j in jobs
-            if (due_after is None or j.run_at >= due_after)
-            and (due_before is None or j.run_at < due_before)
-        ]
-        jobs.sort(key=lambda j: (j.run_at, seq[j.id]))
-        return jobs[:limit]
-
-    def next_due(self) -> float | None:
-        return self.stats().next_due
-
-    def stats(self) -> Stats:
-        r = self._run("stats", retry=True)
-        return Stats(
-            scheduled=int(r[0]),
-            due=int(r[1]),
-            running=int(r[2]),
-            succeeded=int(r[3]),
-            dead=int(r[4]),
-            cancelled=int(r[5]),
-            skipped=int(r[6]),
-            next_due=optional_float(r[7]),
-        )
-
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        limit = check_limit(limit)
-        self._check_open()
-        ids = self._members(lambda: self._redis.zrevrange(self._keys["dead"], 0, limit - 1))
-        return [j for j in self._fetch(ids) if j.state is JobState.DEAD]
-
-    def requeue_dead(
-        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
-    ) -> bool:
-        reply = self._run("requeue_dead", [job_id, when_arg(*check_when(run_at, delay))])
-        if not int(reply[0]):
-            return False
-        self._wakes.woke(reply[1])
-        return True
-
-    def purge_dead(
-        self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
-    ) -> int:
-        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
-        if job_ids is not None:
-            job_ids = list(job_ids)
-            if not job_ids:
-                return 0
-        bound = "" if older_than is None else repr(check_run_at(older_than, "older_than"))
-        return int(self._run("purge_dead", [bound, *(job_ids or [])]))
 
     # -- lifecycle --------------------------------------------------------------------
     def close(self) -> None:

@@ -33,8 +33,11 @@ _LOCAL_WAIT = 0.010  # waits up to this long sleep locally instead of BLPOP
 _WARM_AFTER = 0.100
 _WARM_LEAD = 0.050
 _HINT_MAX_AGE = 1.0  # seconds a claim's "next due" hint is trusted by wait
-_OUTAGE_PAUSE = 0.5  # seconds wait pauses when Redis is unreachable
-_EARLIER = 0.001  # a due time learnt from a wake token this much earlier is news
+_OUTAGE_PAUSE = 0.5  # seconds wait pauses at most when Redis is unreachable
+_OUTAGE_POLL = 0.05  # while it pauses, it checks this often whether Redis is back
+_TICK = 0.15  # Redis ends BLPOP timeouts on its ~100 ms cron tick: a bound on the delay
+_BOUNDED_BLPOP = 2.0  # seconds one BLPOP of a bounded wait lasts at most
+_EARLIER_MS = 1.0  # a due time learnt from a wake token this much earlier is news
 _SHARED, _PRIVATE = "shared", "private"  # which wake list ended a BLPOP
 
 log = logging.getLogger("delayq.redis")
@@ -69,11 +72,18 @@ def _local_wake(namespace: str) -> _LocalWake:
         return wake
 
 
+def _source(key: str, reply: Any) -> str | None:
+    """Which list a BLPOP reply came from: ``_PRIVATE`` (``key``), ``_SHARED``, or None."""
+    if reply is None:
+        return None
+    return _PRIVATE if reply[0] == key else _SHARED
+
+
 class Waiting:
     """Blocked waits of one store and the wake-ups of its waiters in this process.
 
-    ``next_wake`` runs the ``next_wake`` script (milliseconds until the next
-    due job or lease expiry as text, ``""`` for none).
+    ``next_wake`` runs the ``next_wake`` script (``"<ms until> <epoch ms>"`` of
+    the next due job or lease expiry, ``""`` for none).
 
     Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``closed`` and
     ``_subscriber``. The hint is per thread (``threading.local``).
@@ -99,14 +109,18 @@ class Waiting:
         self._waiters: dict[str, threading.Event] = {}  # private wake list -> local event
         # private wake list -> client id of its BLPOP connection (None until known)
         self._in_redis: dict[str, int | None] = {}
-        self._hint = threading.local()  # per thread: (monotonic, seconds to next) of last claim
+        # per thread: (monotonic, seconds to next, its epoch ms) of the last claim
+        self._hint = threading.local()
         self.closed = False
+        self.unblock = True  # CLIENT ID / UNBLOCK allowed (else bounded waits; set once)
         self._subscriber: _ExpirySubscriber | None = None
         self._local = _local_wake(f"{conn.address}/{keys['due']}")
 
-    def set_hint(self, ms: float | None) -> None:
-        """Remember (for this thread) the next due time a claim just reported."""
-        self._hint.value = (SYSTEM_CLOCK.monotonic(), None if ms is None else ms / 1000)
+    def set_hint(self, ms: float | None, at_ms: float | None) -> None:
+        """Remember (for this thread) the next due time a claim just reported:
+        ``ms`` from now, at ``at_ms`` (epoch ms on the store's clock)."""
+        until = None if ms is None else ms / 1000
+        self._hint.value = (SYSTEM_CLOCK.monotonic(), until, at_ms)
 
     def wait(self, max_wait: float) -> None:
         """Block until a job may be due, at most ``max_wait`` seconds.
@@ -130,7 +144,7 @@ class Waiting:
         with self._lock:
             self._waiters[key] = event
         try:
-            until = self._until_next()
+            until, known = self._until_next()
             timeout = max_wait if until is None else min(max_wait, until)
             if timeout <= 0:
                 return
@@ -153,14 +167,13 @@ class Waiting:
                 timeout -= _WARM_LEAD
             if event.is_set():
                 return
-            blocked_at = SYSTEM_CLOCK.monotonic()
             if self._block(key, timeout) == _SHARED:
-                self._took_shared(event, None if until is None else blocked_at + until)
+                self._took_shared(event, known)
         except BackendUnavailable as exc:
             # Waiting is not an operation the caller can fail on: pause briefly
             # and let its next claim report the outage (and back off).
             log.debug("wait_for_due: %s; pausing", exc)
-            event.wait(min(max_wait, _OUTAGE_PAUSE))
+            self._outage_pause(event, min(max_wait, _OUTAGE_PAUSE))
         finally:
             with self._lock:
                 del self._waiters[key]
@@ -169,23 +182,36 @@ class Waiting:
     def _took_shared(self, event: threading.Event, known: float | None) -> None:
         """This waiter took the queue's wake token: pass it on when others need it.
 
-        ``known`` is the monotonic time of the next due job or lease expiry this
-        waiter knew of before (None: none). When the token announces an earlier
-        one that is not due yet, the next waiter gets the token too; when this
-        waiter is being stopped, the token goes back untouched.
+        ``known`` is the epoch ms (store clock) of the next due job or lease
+        expiry this waiter knew of before (None: none). When the token announces
+        an earlier one that is not due yet, the next waiter gets the token too;
+        when this waiter is being stopped, the token goes back untouched.
         """
         if event.is_set():
             self._push_shared()
             return
-        until = self._until_next()
-        if until is None or until <= _LOCAL_WAIT:
+        until, head = self._until_next()
+        if until is None or head is None or until <= _LOCAL_WAIT:
             return  # nothing to wait for, or due now: this caller claims it
-        if known is None or SYSTEM_CLOCK.monotonic() + until < known - _EARLIER:
+        if known is None or head < known - _EARLIER_MS:
             self._push_shared()
+
+    def _outage_pause(self, event: threading.Event, pause: float) -> None:
+        """Pause up to ``pause`` seconds while Redis is unreachable, returning as soon
+        as it answers again (or a local wake-up comes): the caller resumes at once."""
+        deadline = SYSTEM_CLOCK.monotonic() + pause
+        while not event.wait(min(_OUTAGE_POLL, max(0.0, deadline - SYSTEM_CLOCK.monotonic()))):
+            if SYSTEM_CLOCK.monotonic() >= deadline:
+                return
+            try:
+                self._conn.call(self._conn.node().ping)
+            except BackendError:
+                continue
+            return
 
     def _push_shared(self) -> None:
         """Put the shared wake token back for the next waiter (at most one in the list)."""
-        pipe = self._conn.client.pipeline(transaction=False)
+        pipe = self._conn.node().pipeline(transaction=False)
         pipe.lpush(self._keys["wake"], "1")
         pipe.ltrim(self._keys["wake"], 0, 0)
         try:
@@ -197,21 +223,25 @@ class Waiting:
                 exc,
             )
 
-    def _until_next(self) -> float | None:
-        """Seconds until the next due job or lease expiry (server clock); None: nothing.
+    def _until_next(self) -> tuple[float | None, float | None]:
+        """Seconds until the next due job or lease expiry, and its epoch ms on the
+        store's clock; (None, None): nothing to wait for.
 
         Uses the hint the last ``claim`` of this thread returned when it is
         fresh (saving a round trip in a busy worker's claim/wait loop), else
         asks the server.
         """
-        hint: tuple[float, float | None] | None = getattr(self._hint, "value", None)
+        hint: tuple[float, float | None, float | None] | None = getattr(self._hint, "value", None)
         self._hint.value = None
         if hint is not None:
             age = SYSTEM_CLOCK.monotonic() - hint[0]
             if age < _HINT_MAX_AGE:
-                return None if hint[1] is None else hint[1] - age
+                return (None, None) if hint[1] is None else (hint[1] - age, hint[2])
         reply = self._next_wake()
-        return None if reply == "" else float(reply) / 1000
+        if reply == "":
+            return None, None
+        ms, at = reply.split()
+        return float(ms) / 1000, float(at)
 
     def _wait_on_clock(self, clock: Clock, max_wait: float) -> None:
         local = self._local
@@ -225,7 +255,7 @@ class Waiting:
                     return
                 left = deadline - clock.monotonic()
                 if reply != "":
-                    left = min(left, float(reply) / 1000)
+                    left = min(left, float(reply.split()[0]) / 1000)
                 if left <= 0:
                     return
                 clock.wait(local.cond, left)
@@ -243,35 +273,90 @@ class Waiting:
         first in the BLPOP: when both hold a token, the shared one stays for
         another waiter.
         """
-        pool = self._conn.blocking.connection_pool
+        if not self.unblock:
+            return self._block_bounded(key, timeout)
+        pool = self._conn.blocking_node().connection_pool
         with mapped_errors(self._conn.url):
             conn = pool.get_connection()
         healthy = False
         reply: Any = None
         try:
             with mapped_errors(self._conn.url):
-                conn.send_packed_command(  # type: ignore[no-untyped-call]
-                    conn.pack_commands(  # type: ignore[no-untyped-call]
+                conn.send_packed_command(
+                    conn.pack_commands(
                         [("CLIENT", "ID"), ("BLPOP", key, self._keys["wake"], f"{timeout:.3f}")]
                     )
                 )
-                client_id = conn.read_response()
+                try:
+                    client_id = conn.read_response()
+                except redis.exceptions.NoPermissionError:
+                    self._no_unblock("CLIENT ID is refused")
+                    healthy = conn.can_read(timeout=timeout + _TICK)  # the BLPOP's reply
+                    if healthy:
+                        reply = conn.read_response()
+                    return _source(key, reply)
                 with self._lock:
                     if key in self._in_redis:
                         self._in_redis[key] = int(client_id)
                 if not conn.can_read(timeout=timeout):
-                    self._conn.client.client_unblock(client_id)
+                    try:
+                        self._conn.node().client_unblock(client_id)
+                    except redis.exceptions.NoPermissionError:
+                        self._no_unblock("CLIENT UNBLOCK is refused")
+                        if not conn.can_read(timeout=_TICK):
+                            return None
                     if not conn.can_read(timeout=_UNBLOCK_GRACE):
                         return None  # the connection is stuck: dropped in ``finally``
                 reply = conn.read_response()  # nil: timed out or unblocked
                 healthy = True
         finally:
             if not healthy:
-                conn.disconnect()  # type: ignore[no-untyped-call]
+                conn.disconnect()
             pool.release(conn)
-        if reply is None:
-            return None
-        return _PRIVATE if reply[0] == key else _SHARED
+        return _source(key, reply)
+
+    def _block_bounded(self, key: str, timeout: float) -> str | None:
+        """``_block`` without CLIENT ID / CLIENT UNBLOCK (a restricted ACL): BLPOP
+        for the time less one server timeout tick, then wait out the rest here,
+        so the wait still never ends late; an interrupt still pushes a token."""
+        deadline = SYSTEM_CLOCK.monotonic() + timeout
+        while (blocking := deadline - SYSTEM_CLOCK.monotonic() - _TICK) > _LOCAL_WAIT:
+            # Each BLPOP stays well within the socket timeout.
+            seconds = round(min(blocking, _BOUNDED_BLPOP), 3)
+            reply = self._conn.call(
+                functools.partial(
+                    self._conn.blocking_node().blpop, [key, self._keys["wake"]], seconds
+                )
+            )
+            if reply is not None:
+                return _source(key, reply)
+        with self._lock:
+            event = self._waiters.get(key)
+        left = deadline - SYSTEM_CLOCK.monotonic()
+        if event is not None and left > 0:
+            event.wait(left)
+        return None
+
+    def _no_unblock(self, why: str) -> None:
+        if self.unblock:
+            self.unblock = False
+            log.warning(
+                "delayq: %s on %s (a restricted ACL?): waits end by BLPOP timeouts, "
+                "each within one 100 ms server tick of its deadline, then a local wait",
+                why,
+                self._conn.url,
+            )
+
+    def check_unblock(self) -> None:
+        """At start-up: fall back to bounded waits when CLIENT ID / UNBLOCK are refused."""
+        try:
+            client_id = self._conn.call(self._conn.node().client_id)
+            self._conn.call(functools.partial(self._conn.node().client_unblock, client_id))
+        except BackendError as exc:
+            if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+                self._no_unblock(f"CLIENT ID / UNBLOCK are refused ({exc.__cause__})")
+            else:
+                raise
 
     def woke(self, woke: Any) -> None:
         """The head of the due set changed: wake this process's waiters at once."""
@@ -293,7 +378,7 @@ class Waiting:
                 event.set()
         if not blocked:
             return
-        pipe = self._conn.client.pipeline(transaction=False)
+        pipe = self._conn.node().pipeline(transaction=False)
         for key in blocked:
             pipe.lpush(key, "1")
             pipe.pexpire(key, _WAKE_KEY_TTL_MS)
@@ -306,7 +391,7 @@ class Waiting:
             if client_id is None:
                 continue
             try:
-                self._conn.call(functools.partial(self._conn.client.client_unblock, client_id))
+                self._conn.call(functools.partial(self._conn.node().client_unblock, client_id))
             except BackendError as exc:
                 log.warning(
                     "delayq: could not wake a waiter blocked in Redis (%s; then %s); "
@@ -355,9 +440,7 @@ class _ExpirySubscriber:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                pubsub = self._waiting._conn.blocking.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True
-                )
+                pubsub = self._waiting._conn.blocking_node().pubsub(ignore_subscribe_messages=True)
                 with contextlib.closing(pubsub):
                     pubsub.subscribe(self._channel)
                     while not self._stop.is_set():

@@ -1,6 +1,6 @@
 -- ack: finish a claimed job as succeeded or skipped (checks the fencing token).
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
 -- ARGV[6]   fencing token of the claim
 -- ARGV[7]   final state: "succeeded" | "skipped"

@@ -1,7 +1,7 @@
 -- bury: move a claimed job to the dead-letter set with its error
 -- (checks the fencing token).
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
 -- ARGV[6]   fencing token of the claim
 -- ARGV[7]   error text

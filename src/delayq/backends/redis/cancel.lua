@@ -1,6 +1,6 @@
 -- cancel: cancel a scheduled job, or say why not.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
 -- Returns "cancelled" (no attempt had started) | "cancelled_after_attempt" | "running" |
 -- "finished" | "not_found". A running job whose lease has expired is not running: it

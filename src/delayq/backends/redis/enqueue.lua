@@ -1,20 +1,23 @@
 -- enqueue: store a batch of jobs atomically (all or none).
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   on_conflict: "reject" | "keep" | "replace"
 -- ARGV[6]   n, the number of jobs
 -- ARGV[7]   p, the number of profiles: the fields that jobs of one batch usually
---           share, sent once; then 5 fields per profile from ARGV[8]:
+--           share, sent once; then 5 fields per profile from ARGV[9]:
 --           name, max_attempts, backoff (JSON), misfire, created_at (s; 0 = now)
--- then 4 fields per job from ARGV[8 + 5p]: id, payload, run_at (epoch s, or "+<s>": that
+-- ARGV[8]   "1": only check (pass 1), write nothing: the first pass over a batch sent
+--           in several calls, so a conflict anywhere stores none of it
+-- then 4 fields per job from ARGV[9 + 5p]: id, payload, run_at (epoch s, or "+<s>": that
 -- many seconds after the server's now), profile (1..p)
--- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced",
--- or {"conflict", id, state} when nothing was stored.
+-- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced"
+-- (none when only checking), or {"conflict", id, state} when nothing was stored.
 local on_conflict = ARGV[5]
 local n = tonumber(ARGV[6])
 local p = tonumber(ARGV[7])
 local PROFILE_FIELDS, FIELDS = 5, 4
-local FIRST = 8 + p * PROFILE_FIELDS
+local FIRST = 9 + p * PROFILE_FIELDS
+local check_only = ARGV[8] == '1'
 
 -- Pass 1: decide every outcome before writing anything (a failing check must
 -- leave the store untouched; Lua scripts do not roll back).
@@ -37,13 +40,17 @@ for i = 0, n - 1 do
   end
 end
 
+if check_only then
+  return {'ok', 0}
+end
+
 -- Pass 2: write. New jobs take consecutive sequence numbers (one INCRBY),
 -- their hash in one HSET, and the due set in ZADDs of up to 500 jobs.
 local before = head_score()
 local now = fmt(NOW)
 local profiles = {}
 for j = 1, p do
-  local base = 8 + (j - 1) * PROFILE_FIELDS
+  local base = 9 + (j - 1) * PROFILE_FIELDS
   local created_at = ARGV[base + 4]
   if tonumber(created_at) == 0 then
     created_at = now

@@ -1,7 +1,7 @@
 -- get: one job's fields, honouring result_ttl on the deciding clock. Read-only
 -- except that it deletes a finished record found past its result_ttl.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5..] job ids
 -- Returns one HGETALL per id (empty when the job does not exist).
 local result = {}

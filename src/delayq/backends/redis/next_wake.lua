@@ -2,9 +2,9 @@
 -- due set is due or the earliest lease expires, on the server's clock.
 -- Read-only.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
--- Returns the milliseconds as text (may be <= 0: something is claimable now), or "" when
--- there is nothing to wait for.
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
+-- Returns "<ms> <at>" (ms may be <= 0: something is claimable now; at is that moment in
+-- epoch ms), or "" when there is nothing to wait for.
 local best = nil
 local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
 if head[2] then
@@ -17,4 +17,4 @@ end
 if not best then
   return ''
 end
-return fmt(best - NOW_MS)
+return fmt(best - NOW_MS) .. ' ' .. fmt(best)

@@ -1,6 +1,6 @@
 -- requeue_dead: move a dead job back to the due set with its attempts reset.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- ARGV[5]   job id
 -- ARGV[6]   run_at in epoch seconds, or "+<seconds>" after the server's now
 -- Returns {1, woke} or {0} when the job is not dead.

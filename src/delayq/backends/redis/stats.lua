@@ -1,6 +1,6 @@
 -- stats: counts by state and the next due time, read in one consistent step.
 -- KEYS[1..9]: due, running, dead, seq, token, wake, succeeded, cancelled, skipped (see _lib.lua)
--- ARGV[1..4]: job key prefix, now ("" = TIME), result_ttl ms, shadow prefix (see _lib.lua)
+-- ARGV[1..4]: job key prefix, now ("" = TIME), retention, shadow prefix (see _lib.lua)
 -- Returns {scheduled, due, running, succeeded, dead, cancelled, skipped, next_due ("" = none)}.
 -- Read-only: finished records past their expiry are not counted (claims purge them).
 local live = '(' .. fmt(NOW_MS)

@@ -9,7 +9,7 @@ Concurrency
 * **Threads.** A backend object owns ONE connection, guarded by a lock; its
   threads take turns. Concurrent ``enqueue`` calls (a threaded web app calling
   ``schedule``) share one transaction and one fsync: a group commit, each call
-  in its own savepoint, each returning after the commit that stored it.
+  failing alone on its own conflict, each returning after the commit that stored it.
 * **Processes.** Any number of processes may open the same file. Every write
   (claims included) runs in ``BEGIN IMMEDIATE``, which takes the database's
   write lock before reading, so two processes can never both see a job as due
@@ -25,12 +25,17 @@ Concurrency
 
 Durability: ``synchronous="full"`` (the default) or ``"normal"``
 ------------------------------------------------------------------
-With ``"full"`` every commit is fsynced before ``enqueue`` (or ``ack`` ...)
+With ``"full"`` every producer-side commit (``enqueue``, ``cancel``,
+``reschedule``, ``requeue_dead``, ``purge_dead``) is fsynced before it
 returns, so a job whose ``enqueue`` returned survives a power cut or an OS
 crash: the contract's "nothing lost" holds unconditionally, which is why it
-is the default. With ``"normal"`` (in WAL mode) a commit is safe from a crash
-of the process (SIGKILL included) and the file never corrupts, but the last
-transactions before a power loss or kernel crash may roll back. It is several
+is the default. A worker's claims, acks, retries and lease renewals do not
+wait for the disk: a power loss may forget the last of them, and the job then
+runs again after its lease (at-least-once); the next fsynced commit makes them
+durable too (the WAL is one file, synced up to its end). With ``"normal"``
+(in WAL mode) a commit is safe from a crash of the process (SIGKILL
+included) and the file never corrupts, but the last transactions before a
+power loss or kernel crash may roll back. It is several
 times faster for single-job writes; batched writes (``schedule_many``) pay
 one fsync per batch either way.
 
@@ -44,7 +49,8 @@ table.
 
 Layout: ``_schema`` (tables, named queries, opening a connection), ``_ops``
 (what each transaction does to rows), ``_turns`` (writers taking turns),
-``_backend`` (transactions, group commit, waking, the contract methods).
+``_backend`` (transactions, group commit, waking, the contract methods),
+``_schedules`` (recurring schedule records, the ``recurring`` feature).
 """
 
 from delayq.backends.sqlite._backend import SQLiteBackend

@@ -1,6 +1,9 @@
-"""The SQLite store: connection, turns, group commit, waking, the contract methods.
+"""The SQLite store: connection, transactions in turns, waking, the contract methods.
 
-See the package docstring (:mod:`delayq.backends.sqlite`) for the design.
+See the package docstring (:mod:`delayq.backends.sqlite`) for the design. This
+module is the one class a user holds: the contract's twenty-odd methods, each
+a short transaction around a row operation of :mod:`._ops`; group commit lives
+in :mod:`._group`, turns in :mod:`._turns`, the schema in :mod:`._schema`.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -32,6 +35,7 @@ from delayq.backends._common import (
 from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
+from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
@@ -40,6 +44,8 @@ from delayq.backends.sqlite._schema import (
     NOT_EXPIRED,
     PURGE_EVERY,
     SELECT,
+    TTL_STATE_VALUES,
+    WAKE_CHECK_EVERY,
     Synchronous,
     check_busy_timeout,
     check_synchronous,
@@ -76,25 +82,6 @@ log = logging.getLogger("delayq.sqlite")
 _URL_OPTIONS = ("synchronous", "busy_timeout", "result_ttl", "dead_ttl")
 
 
-@dataclass(eq=False, slots=True)
-class _EnqueueRequest:
-    """One ``enqueue`` call waiting for a group commit (see :meth:`SQLiteBackend.enqueue`)."""
-
-    specs: list[JobSpec]
-    on_conflict: str
-    outcomes: list[EnqueueOutcome] | None = None
-    error: BaseException | None = None
-    shared: bool = False  # error is the whole group's (not this call's own conflict)
-    done: bool = False
-
-
-def _follower_error(exc: BaseException) -> BaseException:
-    """The error a waiting call raises when the group commit it joined failed."""
-    if isinstance(exc, DelayqError):
-        return type(exc)(*exc.args)
-    return BackendError(f"enqueue failed in the group commit it joined: {exc!r}")
-
-
 class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
@@ -115,12 +102,13 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
       or requeued).
 
     Lock rules: ``_db_lock`` (reentrant) guards ``_conn``, ``_turns``, ``_pid``,
-    ``_last_purge`` and ``_closed``; no user code runs under it, and the only
-    waiting under it is for the write turn (bounded by ``busy_timeout``).
+    ``_last_purge``, ``_wake_failures_seen``, ``_wake_distrusted`` and
+    ``_closed``; no user code runs under it, and the only waiting under it is
+    for the write turn (bounded by ``busy_timeout``).
     ``_cond`` (its own lock) guards ``_wake_gen`` and is notified when the
-    schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (its
-    own lock, never taken with ``_db_lock`` held) guards ``_pending`` and
-    ``_leading`` of the enqueue group commit.
+    schedule moved earlier, on :meth:`interrupt` and on close. ``_group`` (the
+    enqueue group commit, :mod:`._group`) has its own lock, never held while
+    committing.
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
@@ -151,18 +139,18 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         self._db_lock = threading.RLock()
         self._cond = threading.Condition(threading.Lock())
         self._wake_gen = 0
-        self._group = threading.Condition(threading.Lock())
-        self._pending: list[_EnqueueRequest] = []
-        self._leading = False
+        self._group = GroupCommit(self._commit_group)
         self._closed = False
         self._last_purge = float("-inf")
         self._pid = os.getpid()
         self._wake: WakeChannel | None = None
+        self._wake_failures_seen: int | None = None
+        self._wake_distrusted = False
         self._turns: WriteTurns | None = None
         self._conn = self._connect()
         if not self._memory:
             self._turns = open_turns(self.path)
-            self._wake = WakeChannel(self.path, self._woken)
+            self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
@@ -243,13 +231,22 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                 self._turns.forget()
                 self._turns = open_turns(self.path)
             if self._wake is not None:
-                self._wake = WakeChannel(self.path, self._woken)
+                self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
         return self._conn
 
-    def _write(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def _write(
+        self, doing: str, *, durable: bool = True
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """A ``BEGIN IMMEDIATE`` transaction in this writer's turn: committed on
-        success, rolled back on error."""
-        return self._transaction("BEGIN IMMEDIATE", doing)
+        success, rolled back on error.
+
+        ``durable=False`` (a worker's claims, acks, retries, lease renewals) does
+        not wait for the disk even on ``synchronous="full"``: a power loss may
+        forget the last of them, which at-least-once delivery covers (the job
+        runs again after its lease). The next durable commit (a ``schedule``,
+        a ``cancel``) fsyncs them along with itself: the WAL is one file.
+        """
+        return self._transaction("BEGIN IMMEDIATE", doing, lazy=not durable)
 
     def _read(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """A read transaction: one consistent snapshot for several statements (no turn:
@@ -257,10 +254,13 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         return self._transaction("BEGIN", doing)
 
     @contextlib.contextmanager
-    def _transaction(self, begin: str, doing: str) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, begin: str, doing: str, *, lazy: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         with self._db_lock:
             conn = self._connection()
             turns = self._turns if begin != "BEGIN" else None
+            lazy = lazy and self._synchronous == "full"
             if turns is not None:
                 try:
                     turns.acquire(self._busy_timeout)
@@ -270,8 +270,15 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                         f"process kept writing (or stopped while writing) for longer than "
                         f"busy_timeout={self._busy_timeout}s"
                     ) from exc
+                except OSError as exc:
+                    raise BackendUnavailable(
+                        f"SQLite database {self.path!r} unavailable while {doing}: cannot "
+                        f"take the write turn on {turns.lock_path!r}: {exc}"
+                    ) from exc
             try:
                 try:
+                    if lazy:
+                        conn.execute("PRAGMA synchronous = NORMAL")
                     conn.execute(begin)
                 except sqlite3.Error as exc:
                     raise self._wrap(exc, doing) from exc
@@ -285,6 +292,9 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                         raise self._wrap(exc, doing) from exc
                     raise
             finally:
+                if lazy:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("PRAGMA synchronous = FULL")
                 if turns is not None:
                     turns.release()
 
@@ -332,68 +342,35 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
 
         Group commit: calls that arrive from other threads while a commit is in
         progress wait for it, then go together in the next transaction (one
-        ``BEGIN IMMEDIATE``, one fsync), each call in its own savepoint so a
-        rejected id fails only its own call. Every call returns after the
+        ``BEGIN IMMEDIATE``, one fsync); a rejected id fails only its own call
+        (outcomes are decided before any row of a call is written). Every call returns after the
         commit that stored it.
         """
         policy = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
-        request = _EnqueueRequest(specs, policy)
-        with self._group:
-            self._pending.append(request)
-            while self._leading and not request.done:
-                self._group.wait()
-            if not request.done:
-                self._leading = True
-                group, self._pending = self._pending, []
-            else:
-                group = []
-        if group:
-            try:
-                self._commit_group(group)
-            finally:
-                with self._group:
-                    self._leading = False
-                    for member in group:
-                        member.done = True
-                    self._group.notify_all()
-        error = request.error
-        if error is not None:
-            if request.shared and not group:
-                # The whole group failed in the leader's thread: a fresh error here.
-                raise _follower_error(error) from error
-            raise error
-        assert request.outcomes is not None
-        return request.outcomes
+        return self._group.run(EnqueueRequest(specs, policy))
 
-    def _commit_group(self, group: list[_EnqueueRequest]) -> None:
+    def _commit_group(self, group: list[EnqueueRequest]) -> None:
         """Store every request of ``group`` in one transaction (see :meth:`enqueue`)."""
         earliest: float | None = None
         head: float | None = None
-        alone = len(group) == 1
         try:
             with self._write("enqueueing") as conn:
                 now = self._clock.time()
                 cutoff = self._cutoff(now)
                 head = ops.head(conn)
                 for request in group:
-                    if not alone:
-                        conn.execute("SAVEPOINT delayq_enqueue")
                     try:
+                        # Decides every outcome before writing a row: a conflict
+                        # leaves nothing of its call behind (no savepoint needed).
                         outcomes, first = ops.insert_specs(
                             conn, request.specs, request.on_conflict, now, cutoff
                         )
                     except DelayqError as exc:
-                        if alone:
-                            raise
-                        conn.execute("ROLLBACK TO delayq_enqueue")
-                        conn.execute("RELEASE delayq_enqueue")
                         request.error = exc
                         continue
-                    if not alone:
-                        conn.execute("RELEASE delayq_enqueue")
                     request.outcomes = outcomes
                     if first is not None:
                         earliest = first if earliest is None else min(earliest, first)
@@ -443,7 +420,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
-        with self._write("claiming") as conn:
+        with self._write("claiming", durable=False) as conn:
             at = self._clock.time() if now is None else check_run_at(now, "now")
             self._housekeeping(conn, at)
             return ops.claim_due(conn, at, limit, lease)
@@ -469,7 +446,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         if not items and not limit:
             return [], []
         head: float | None = None
-        with self._write("completing claims" if items else "claiming") as conn:
+        with self._write("completing claims" if items else "claiming", durable=False) as conn:
             now = self._clock.time()
             if any(item.state is JobState.SCHEDULED for item in items):  # retry or release
                 head = ops.head(conn)
@@ -483,7 +460,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
-        with self._write("extending a lease") as conn:
+        with self._write("extending a lease", durable=False) as conn:
             now = self._clock.time()
             ops.finish_claim(conn, claim, "lease_until = ?, updated_at = ?", (now + lease, now))
         job = replace(claim.job, lease_until=now + lease, updated_at=now)
@@ -500,11 +477,12 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         except QueueClosed:
             return
         wake = self._wake
-        # Listen BEFORE reading the schedule: a change committed after the read
-        # then always reaches us as a wake-up.
-        listening = wake.listen() if wake is not None else True
+        # The generation first, then listen, then read the schedule: a change
+        # committed after the read always reaches us as a wake-up, also one that
+        # arrives while listen() binds and checks its socket.
         with self._cond:
             gen = self._wake_gen
+        listening = wake.listen() if wake is not None else True
         deadline = clock.monotonic() + max_wait
         seen_version: int | None = None  # fallback only: PRAGMA data_version at the start
         while True:
@@ -513,6 +491,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                     times = [
                         t for t in (ops.head(conn), ops.next_lease_expiry(conn)) if t is not None
                     ]
+                    if wake is not None and listening:
+                        listening = self._wake_trusted(ops.wake_failures(conn))
                     version = None if listening else conn.execute("PRAGMA data_version").fetchone()
             except QueueClosed:
                 return
@@ -531,11 +511,41 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                     if until <= 0:
                         return
                     left = min(left, until)
-                if not listening:
-                    left = min(left, FALLBACK_POLL)
+                # Listening, a look at the table every WAKE_CHECK_EVERY still bounds
+                # what a lost wake-up could cost; without wake-ups, every 50 ms.
+                left = min(left, WAKE_CHECK_EVERY if listening else FALLBACK_POLL)
                 clock.wait(self._cond, left)
                 if self._closed or self._wake_gen != gen:
                     return
+
+    def _wake_trusted(self, failures: int) -> bool:
+        """False once any process recorded an undelivered wake-up (``failures``
+        grew since this backend first looked): its waits are bounded from then on.
+        Call with ``_db_lock`` held."""
+        if self._wake_distrusted:
+            return False
+        if self._wake_failures_seen is None or failures <= self._wake_failures_seen:
+            self._wake_failures_seen = failures
+            return True
+        self._wake_distrusted = True
+        log.warning(
+            "delayq sqlite %s: a process could not deliver a wake-up to a waiting process "
+            "(sockets of another user?); waiting here re-checks the database every %s s",
+            self.path,
+            FALLBACK_POLL,
+        )
+        return False
+
+    def _wake_undelivered(self) -> None:
+        """Tell every waiter (through the database) that a wake-up was lost."""
+        with self._write("recording an undelivered wake-up", durable=False) as conn:
+            conn.execute("UPDATE delayq_meta SET value = value + 1 WHERE key = 'wake_failures'")
+
+    @property
+    def wake_failures(self) -> int:
+        """Wake-ups this process could not deliver to other processes' sockets."""
+        wake = self._wake
+        return 0 if wake is None else wake.failures
 
     def interrupt(self) -> None:
         self._woken()
@@ -600,14 +610,18 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
             return ops.head(conn)
 
     def stats(self) -> Stats:
+        """Counts per state from ``delayq_counts`` (kept by triggers: no table
+        scan at any size), less the finished records past their TTL that are
+        not purged yet (an index range, normally empty); ``due`` is an index
+        range of the due jobs."""
         now = self._clock.time()
         with self._read("counting jobs") as conn:
-            counts = dict(
-                conn.execute(
-                    f"SELECT state, COUNT(*) FROM delayq_jobs WHERE {NOT_EXPIRED} GROUP BY state",
-                    (self._cutoff(now),),
-                ).fetchall()
-            )
+            counts = dict(conn.execute("SELECT state, n FROM delayq_counts").fetchall())
+            cutoff = self._cutoff(now)
+            for state in TTL_STATE_VALUES:
+                counts[state] = counts.get(state, 0) - ops.count_finished_before(
+                    conn, state, cutoff
+                )
             due = conn.execute(
                 "SELECT COUNT(*) FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?",
                 (now,),
@@ -671,7 +685,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         if job_ids is None:
             while True:
                 with self._write("purging dead letters") as conn:
-                    deleted = ops.delete_batch(conn, where, params)
+                    deleted = ops.delete_batch(conn, where, params, PURGE_BATCH)
                 total += deleted
                 if deleted < PURGE_BATCH:
                     return total

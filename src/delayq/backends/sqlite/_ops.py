@@ -10,16 +10,15 @@ claim the next").
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from delayq.backends._common import (
     PURGE_BATCH,
     RELEASED_NOTE,
     clip_error,
+    encode_backoff,
     lease_expired_error,
     lease_expired_note,
     stale_claim,
@@ -38,7 +37,7 @@ from delayq.backends.sqlite._schema import (
     RELEASE,
     RETRY,
     TTL_STATE_VALUES,
-    to_job,
+    claimed_job,
 )
 from delayq.errors import JobConflict, StaleClaim
 from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
@@ -46,6 +45,7 @@ from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 __all__ = [
     "claim_due",
     "complete_items",
+    "count_finished_before",
     "delete_batch",
     "expire_leases",
     "find_changeable",
@@ -55,6 +55,7 @@ __all__ = [
     "next_lease_expiry",
     "purge_dead_batch",
     "purge_finished",
+    "wake_failures",
 ]
 
 
@@ -69,9 +70,25 @@ def next_lease_expiry(conn: sqlite3.Connection) -> float | None:
     return None if row is None else float(row[0])
 
 
+def wake_failures(conn: sqlite3.Connection) -> int:
+    """How many wake-ups processes recorded as undelivered (see ``_wake``)."""
+    row = conn.execute("SELECT value FROM delayq_meta WHERE key = 'wake_failures'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def is_expired(state: str, updated_at: float, cutoff: float) -> bool:
     """A finished record past ``result_ttl`` (``updated_at <= cutoff``) counts as gone."""
     return state in TTL_STATE_VALUES and updated_at <= cutoff
+
+
+def count_finished_before(conn: sqlite3.Connection, state: str, cutoff: float) -> int:
+    """Records of final ``state`` finished at or before ``cutoff`` (an index range)."""
+    return int(
+        conn.execute(
+            "SELECT COUNT(*) FROM delayq_jobs WHERE state = ? AND updated_at <= ?",
+            (state, cutoff),
+        ).fetchone()[0]
+    )
 
 
 def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
@@ -92,13 +109,15 @@ def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
     return full
 
 
-def delete_batch(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
-    """Delete at most ``PURGE_BATCH`` rows matching ``where``; return how many."""
+def delete_batch(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], limit: int = PURGE_BATCH
+) -> int:
+    """Delete at most ``limit`` rows matching ``where``; return how many."""
     return int(
         conn.execute(
             f"DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs WHERE {where} "
-            f"LIMIT {PURGE_BATCH})",
-            tuple(params),
+            f"LIMIT ?)",
+            (*params, limit),
         ).rowcount
     )
 
@@ -147,8 +166,9 @@ def insert_specs(
 ) -> tuple[list[EnqueueOutcome], float | None]:
     """Store checked ``specs``; return each outcome and the earliest due time stored.
 
-    Raises :class:`JobConflict` (the caller rolls back) for a rejected id or a
-    running job that ``replace`` would overwrite.
+    Raises :class:`JobConflict` for a rejected id or a running job that
+    ``replace`` would overwrite, always before writing anything (a group commit
+    relies on it: the other calls of the transaction go on).
     """
     existing: dict[str, JobState] = {}
     stale_rows: set[str] = set()  # rows to delete before inserting (replaced, expired)
@@ -197,7 +217,7 @@ def insert_specs(
             s.payload,
             float(s.run_at) if s.delay is None else now + max(0.0, s.delay),
             s.max_attempts,
-            json.dumps(s.backoff, separators=(",", ":")),
+            encode_backoff(s.backoff),
             s.misfire,
             s.created_at or now,
             now,
@@ -250,13 +270,7 @@ def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> 
     jobs: list[tuple[int, Job]] = []
     for row in rows:
         try:
-            job = replace(
-                to_job(row, strict=True),
-                state=JobState.RUNNING,
-                attempts=row[6] + 1,
-                lease_until=lease_until,
-                updated_at=at,
-            )
+            job = claimed_job(row, at, lease_until)
         except (ValueError, TypeError, RecursionError) as exc:
             conn.execute(
                 "UPDATE delayq_jobs SET state = 'dead', last_error = ?, "

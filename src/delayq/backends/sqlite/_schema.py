@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 from typing import Any, Literal
@@ -22,6 +23,10 @@ SCHEMA_VERSION = 1
 FALLBACK_POLL = 0.05
 """Where wake sockets are unavailable, ``wait_for_due`` re-checks
 ``PRAGMA data_version`` this often (seconds)."""
+
+WAKE_CHECK_EVERY = 1.0
+"""While wake-ups are expected, ``wait_for_due`` still re-reads the schedule this
+often (seconds): the most a wake-up lost for an unknown reason can cost."""
 
 PURGE_EVERY = 1.0  # seconds of backend time between lazy purges of finished records
 CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
@@ -58,7 +63,30 @@ CREATE TABLE IF NOT EXISTS delayq_meta (
     value INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('token', 0);
+-- wake-ups some process could not deliver: waiters seeing it grow poll instead
+INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('wake_failures', 0);
 """
+
+# Jobs per state, kept by triggers in the same transaction as every change, so
+# stats() reads seven rows instead of counting the table (10M rows: seconds).
+# Triggers live in the file: every writer keeps them, whatever its version.
+COUNTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS delayq_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) "
+    "WITHOUT ROWID"
+)
+COUNT_TRIGGERS = (
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_insert AFTER INSERT ON delayq_jobs BEGIN
+        UPDATE delayq_counts SET n = n + 1 WHERE state = new.state;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_delete AFTER DELETE ON delayq_jobs BEGIN
+        UPDATE delayq_counts SET n = n - 1 WHERE state = old.state;
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS delayq_count_update AFTER UPDATE OF state ON delayq_jobs
+    WHEN old.state != new.state BEGIN
+        UPDATE delayq_counts SET n = n - 1 WHERE state = old.state;
+        UPDATE delayq_counts SET n = n + 1 WHERE state = new.state;
+    END""",
+)
 
 COLUMNS = (
     "seq, id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
@@ -93,6 +121,44 @@ TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
 
 Row = tuple[Any, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_backoff(text: str) -> tuple[tuple[str, Any], ...] | None:
+    """A stored backoff's items when they are all scalars (the usual spec), parsed
+    once per distinct text; None for nested specs (parsed every time)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise TypeError(f"backoff is not a JSON object: {text!r}")
+    items = tuple(value.items())
+    return None if any(isinstance(v, dict | list) for _, v in items) else items
+
+
+def decode_backoff(text: str) -> dict[str, Any]:
+    """A stored backoff as a fresh dict (raises ValueError or TypeError when unreadable)."""
+    items = _flat_backoff(text)
+    return dict(items) if items is not None else dict(json.loads(text))
+
+
+def claimed_job(row: Row, at: float, lease_until: float) -> Job:
+    """The job of a row being claimed at ``at``: RUNNING, one more attempt.
+    Raises ValueError (or TypeError) when its payload or backoff do not decode."""
+    return Job(
+        id=row[1],
+        name=row[2],
+        payload=decode_payload(row[3]),
+        run_at=row[4],
+        state=JobState.RUNNING,
+        attempts=row[6] + 1,
+        max_attempts=row[7],
+        backoff=decode_backoff(row[8]),
+        misfire=row[9],
+        created_at=row[10],
+        updated_at=at,
+        last_error=row[12],
+        outcome=row[13],
+        lease_until=lease_until,
+    )
 
 
 def to_job(row: Row, *, strict: bool = False) -> Job:
@@ -134,6 +200,25 @@ the file back to this size (bytes), so it does not stay as big as the largest
 burst it ever held (the default checkpoint runs at 1000 pages, ~4 MiB)."""
 
 
+def _create_counts(conn: sqlite3.Connection) -> None:
+    """Create the per-state counts and their triggers (inside the schema
+    transaction); a file from before them is counted once, here."""
+    if conn.execute("SELECT 1 FROM delayq_meta WHERE key = 'counts_ready'").fetchone() is not None:
+        return
+    conn.execute(COUNTS_TABLE)
+    conn.execute("DELETE FROM delayq_counts")
+    conn.executemany(
+        "INSERT INTO delayq_counts (state, n) VALUES (?, 0)", [(s.value,) for s in JobState]
+    )
+    conn.execute(
+        "UPDATE delayq_counts SET n = (SELECT COUNT(*) FROM delayq_jobs "
+        "WHERE delayq_jobs.state = delayq_counts.state)"
+    )
+    for trigger in COUNT_TRIGGERS:
+        conn.execute(trigger)
+    conn.execute("INSERT INTO delayq_meta (key, value) VALUES ('counts_ready', 1)")
+
+
 def open_connection(
     path: str, *, memory: bool, busy_timeout: float, synchronous: Synchronous
 ) -> sqlite3.Connection:
@@ -164,6 +249,7 @@ def open_connection(
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        _create_counts(conn)
         conn.execute(
             "INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('schema_version', ?)",
             (SCHEMA_VERSION,),

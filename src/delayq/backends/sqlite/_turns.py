@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
+import functools
 import logging
 import os
 import queue
@@ -43,11 +43,16 @@ from dataclasses import dataclass, field
 
 from delayq.backends._wake import share_like_database
 
+try:
+    import fcntl
+except ImportError:  # Windows: no kernel file locks here; writers rely on SQLite's busy handler
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["TurnTimeout", "WriteTurns", "open_turns"]
 
 log = logging.getLogger("delayq.sqlite")
 
-_OFD = hasattr(fcntl, "F_OFD_SETLKW")
+_OFD = fcntl is not None and hasattr(fcntl, "F_OFD_SETLKW")
 _GATE, _TURN = 0, 1  # byte offsets in <db>.lock
 
 
@@ -55,10 +60,11 @@ class TurnTimeout(Exception):
     """The write turn was not free within the timeout (another writer holds it)."""
 
 
-def _flock_struct(kind: int, start: int) -> bytes:
+@functools.cache
+def _flock_struct(kind: int, start: int, length: int = 1) -> bytes:
     # struct flock { short l_type, l_whence; off_t l_start, l_len; pid_t l_pid; }
     # (l_pid must be 0 for open-file-description locks); padded to 32 bytes.
-    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, 1, 0)
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, start, length, 0)
 
 
 @dataclass(eq=False)
@@ -95,11 +101,11 @@ class WriteTurns:
         self._slow = 0
 
     # -- kernel locks ---------------------------------------------------------
-    def _lock(self, start: int, *, wait: bool) -> bool:
+    def _lock(self, start: int, *, wait: bool, length: int = 1) -> bool:
         if _OFD:
             cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
             try:
-                fcntl.fcntl(self._fd, cmd, _flock_struct(fcntl.F_WRLCK, start))
+                fcntl.fcntl(self._fd, cmd, _flock_struct(fcntl.F_WRLCK, start, length))
             except OSError as exc:
                 if not wait and exc.errno in (errno.EAGAIN, errno.EACCES):
                     return False
@@ -122,6 +128,9 @@ class WriteTurns:
         """Wait for this writer's turn, at most ``timeout`` seconds (:class:`TurnTimeout`)."""
         with self._state:
             fast = self._slow == 0
+        if fast and _OFD and self._lock(_GATE, wait=False, length=2):
+            self._unlock(_GATE)  # gate and turn were both free: the turn is ours
+            return
         if fast:
             if not _OFD:
                 if self._lock(_TURN, wait=False):
@@ -151,6 +160,12 @@ class WriteTurns:
                 return
             ticket.abandoned = True
         raise TurnTimeout(f"no write turn on {self.lock_path!r} within {timeout}s")
+
+    def probe(self) -> None:
+        """Take and drop the gate without waiting: raises OSError where the file
+        system has no such locks (a busy gate is fine: the locks work)."""
+        if self._lock(_GATE, wait=False):
+            self._unlock(_GATE)
 
     def release(self) -> None:
         """End this writer's turn: the writer waiting at the gate goes next."""
@@ -207,6 +222,8 @@ def open_turns(db_path: str) -> WriteTurns | None:
     None, with a warning, when the lock file cannot be opened (a read-only
     directory): writers then wait in SQLite's busy handler alone.
     """
+    if fcntl is None:
+        return None
     lock_path = db_path + ".lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
@@ -220,4 +237,17 @@ def open_turns(db_path: str) -> WriteTurns | None:
         )
         return None
     share_like_database(lock_path, db_path)
-    return WriteTurns(lock_path, fd)
+    turns = WriteTurns(lock_path, fd)
+    try:  # a file system without these locks (some network mounts) says so here
+        turns.probe()
+    except OSError as exc:
+        turns.close()
+        log.warning(
+            "delayq sqlite %s: kernel file locks do not work on %s (%s); writers will "
+            "not take turns (a busy producer may delay claims)",
+            db_path,
+            lock_path,
+            exc,
+        )
+        return None
+    return turns

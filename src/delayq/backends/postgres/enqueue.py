@@ -1,0 +1,187 @@
+"""Enqueue on PostgreSQL: with the store's own connection, or in the caller's transaction.
+
+The common case is one ``INSERT`` of every spec (a unique violation fails it
+whole, nothing stored), then, after its commit, the head check that wakes
+listeners if a new job is the earliest. A conflict takes the slow path: the
+existing rows locked, ``reject`` / ``keep`` / ``replace`` decided row by row,
+all in one transaction. With ``connection=``, the same runs under a savepoint
+of the caller's transaction and the NOTIFY is part of it: delivered on commit,
+dropped on rollback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from delayq.backends._common import TTL_STATES, check_spec
+from delayq.backends.postgres.connection import caller_connection, mapped
+from delayq.backends.postgres.sql import CUTOFF, Statements
+from delayq.errors import InvalidOption, JobConflict
+from delayq.job import EnqueueOutcome, JobSpec, JobState, OnConflict, check_on_conflict
+
+__all__ = ["Enqueueing"]
+
+
+class _Store(Protocol):
+    url: str
+    queue: str
+    _sql: Statements
+    _channel: str
+
+    def _conn(self, doing: str) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+    def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
+
+
+class Enqueueing:
+    """``enqueue`` (see the module docstring)."""
+
+    def enqueue(
+        self: _Store,
+        jobs: Sequence[JobSpec],
+        *,
+        on_conflict: OnConflict = "reject",
+        connection: object = None,
+    ) -> list[EnqueueOutcome]:
+        """Store ``jobs`` atomically (see the Backend contract).
+
+        With ``connection=`` (a psycopg connection, or a SQLAlchemy Connection /
+        Session on psycopg) the jobs join that connection's transaction: they
+        exist if and only if it commits, and are invisible to workers until then.
+        """
+        on_conflict = check_on_conflict(on_conflict)
+        specs = [check_spec(spec) for spec in jobs]
+        if connection is not None:
+            return Enqueueing._enqueue_in(self, caller_connection(connection), specs, on_conflict)
+        if not specs:
+            return []
+        with self._conn("enqueueing") as conn:
+            params = Enqueueing._insert_params(self, specs)
+            try:
+                rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
+                created = rows.fetchall()
+                outcomes = [EnqueueOutcome.CREATED] * len(specs)
+            except psycopg.errors.UniqueViolation:
+                with conn.transaction():
+                    outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+            self._told(conn, min((r[1] for r in created), default=None))
+        return outcomes
+
+    def _enqueue_in(
+        self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
+    ) -> list[EnqueueOutcome]:
+        """Enqueue inside the caller's transaction, under a savepoint (all or none)."""
+        if not specs:
+            return []
+        status = conn.info.transaction_status
+        if status == psycopg.pq.TransactionStatus.INERROR:
+            raise InvalidOption(
+                "connection= is in a failed transaction: roll it back before scheduling"
+            )
+        with mapped(self.url, "enqueueing in the caller's transaction"):
+            if status == psycopg.pq.TransactionStatus.IDLE and conn.autocommit:
+                # No transaction of the caller's to join: ours commits at once.
+                with conn.transaction():
+                    return Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+            conn.execute("SAVEPOINT delayq_enqueue")
+            try:
+                outcomes = Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+            except BaseException:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK TO SAVEPOINT delayq_enqueue")
+                    conn.execute("RELEASE SAVEPOINT delayq_enqueue")
+                raise
+            conn.execute("RELEASE SAVEPOINT delayq_enqueue")
+            return outcomes
+
+    def _enqueue_joined(
+        self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
+    ) -> list[EnqueueOutcome]:
+        outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+        at = min((r[1] for r in created), default=None)
+        if at is not None:
+            # Delivered when the caller commits, never on rollback. Unconditional:
+            # the head may change before that commit; listeners filter by time.
+            conn.execute(self._sql.notify, {"channel": self._channel, "at": at})
+        return outcomes
+
+    def _insert_params(self: _Store, specs: Sequence[JobSpec]) -> dict[str, Any]:
+        return self._params(
+            ids=[s.id for s in specs],
+            names=[s.name for s in specs],
+            payloads=[s.payload for s in specs],
+            run_ats=[float(s.run_at) if s.delay is None else 0.0 for s in specs],
+            delays=[None if s.delay is None else float(s.delay) for s in specs],
+            max_attempts=[s.max_attempts for s in specs],
+            backoffs=[json.dumps(s.backoff, separators=(",", ":")) for s in specs],
+            misfires=[s.misfire for s in specs],
+            created=[float(s.created_at or 0.0) for s in specs],
+        )
+
+    def _enqueue_slow(
+        self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
+    ) -> tuple[list[EnqueueOutcome], list[tuple[Any, ...]]]:
+        """Enqueue deciding conflicts row by row (inside a transaction: all or none)."""
+        cur = conn.cursor(row_factory=tuple_row)
+        q = self._sql.schema
+        ids = list(dict.fromkeys(s.id for s in specs))
+        existing = {
+            row[0]: (JobState(row[1]), row[2])
+            for row in cur.execute(
+                f'SELECT id, state, updated_at <= {CUTOFF} FROM "{q}".jobs '
+                f"WHERE queue = %(q)s AND id = ANY(%(ids)s) FOR UPDATE",
+                self._params(ids=ids),
+            ).fetchall()
+        }
+        outcomes: list[EnqueueOutcome] = []
+        seen: dict[str, JobState] = {}
+        final: dict[str, JobSpec] = {}
+        for spec in specs:
+            state = seen.get(spec.id)
+            if state is None and spec.id in existing:
+                found, old = existing[spec.id]
+                state = None if old and found in TTL_STATES else found  # expired: gone
+            if state is None:
+                outcomes.append(EnqueueOutcome.CREATED)
+            elif on_conflict == "keep":
+                outcomes.append(EnqueueOutcome.KEPT)
+                continue
+            elif on_conflict == "reject":
+                raise JobConflict(
+                    f"job {spec.id!r} already exists ({state.value}); pass "
+                    f"on_conflict='keep' or 'replace' to accept an existing id"
+                )
+            elif state is JobState.RUNNING:
+                raise JobConflict(
+                    f"job {spec.id!r} is running and cannot be replaced; "
+                    f"cancel is not possible either: wait for it to finish"
+                )
+            else:
+                outcomes.append(EnqueueOutcome.REPLACED)
+            seen[spec.id] = JobState.SCHEDULED
+            final[spec.id] = spec
+        if not final:
+            return outcomes, []
+        doomed = [i for i in final if i in existing]
+        if doomed:
+            cur.execute(
+                f'DELETE FROM "{q}".jobs WHERE queue = %(q)s AND id = ANY(%(ids)s)',
+                {"q": self.queue, "ids": doomed},
+            )
+        try:
+            created = cur.execute(
+                self._sql.insert, Enqueueing._insert_params(self, list(final.values()))
+            ).fetchall()
+        except psycopg.errors.UniqueViolation as exc:
+            raise JobConflict(
+                f"a job of {sorted(final)[:5]} was created by another producer meanwhile: {exc}"
+            ) from exc
+        return outcomes, created
