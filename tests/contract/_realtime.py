@@ -17,7 +17,9 @@ meaning this way:
   whose clock jumps further than ``MAX_REAL_WAIT`` real seconds ahead is
   skipped, naming the missing ``clock`` feature), claims, and, if jobs the test
   expects to be due by ``T`` have not come yet, claims again until they come,
-  by a deadline. "Never early" is checked for real: a job stored at ``R(T0)``
+  by a deadline; it first lets ``SETTLE`` real seconds pass after the last enqueue
+  or retry, so jobs still in flight in the broker take their place in the due
+  order. "Never early" is checked for real: a job stored at ``R(T0)``
   to be due at ``T`` may not be handed out before ``R(T)``.
 * A test that moves its clock itself (``clock.advance``) is followed: the next
   call waits until real time catches up. Handles opened on one store share
@@ -46,6 +48,7 @@ from typing import Any
 
 import pytest
 
+from delayq.backends._common import complete_then_claim
 from delayq.backends.base import Backend, Completion
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import Unsupported
@@ -62,6 +65,10 @@ MAX_REAL_WAIT = 3.5
 
 DEADLINE = 2.0
 """Real seconds a claim waits for jobs the test expects to be due."""
+
+SETTLE = 0.1
+"""Real seconds a claim lets pass after the last enqueue or retry, so that what the broker
+is still delivering takes its place in the due order first."""
 
 _FEATURE_OF: dict[str, str] = {
     "get": "inspect",
@@ -103,6 +110,7 @@ class _Timeline:
     anchored: bool = False
     jobs: dict[str, _Track] = field(default_factory=dict)
     handles: int = 0
+    changed: float = 0.0  # real time of the last enqueue, retry or release
 
 
 _TIMELINES: dict[tuple[int, str], _Timeline] = {}  # (id of the test's clock, store) -> timeline
@@ -140,9 +148,10 @@ class RealTimeStore:
             self._catch_up(self._clock.time())
 
     def _scaled(self, run_at: float) -> float:
-        """A due time (test) as the store must see it: now + the scaled delay."""
+        """A due time (test) as the store must see it: now + the scaled delay (a due
+        time in the past as it is)."""
         now = self._clock.time()
-        return now + max(0.0, run_at - now) * SCALE
+        return run_at if run_at <= now else now + (run_at - now) * SCALE
 
     # -- calls that need translating ---------------------------------------------
     def enqueue(self, jobs: Sequence[JobSpec], **options: Any) -> list[EnqueueOutcome]:
@@ -169,12 +178,15 @@ class RealTimeStore:
                 scaled.append(spec)  # bad input: the store rejects it as it is
                 continue
             if spec.delay is None:
-                due, delay = spec.run_at, max(0.0, spec.run_at - now) * SCALE
+                due = spec.run_at
+                # due now or in the past: as it is (the store keeps that due time)
+                scaled.append(spec if due <= now else replace(spec, delay=(due - now) * SCALE))
             else:
-                due, delay = now + max(0.0, spec.delay), spec.delay * SCALE
+                due = now + max(0.0, spec.delay)
+                scaled.append(replace(spec, delay=spec.delay * SCALE))
             dues[spec.id] = due
-            scaled.append(replace(spec, delay=delay))
         outcomes = self._call("enqueue", scaled, **options)
+        self._line.changed = SYSTEM_CLOCK.monotonic()
         for job_id, due in dues.items():
             self._jobs[job_id] = _Track(due)
         return outcomes  # type: ignore[no-any-return]
@@ -189,6 +201,10 @@ class RealTimeStore:
             when = track.due if track.due is not None else track.lease_until
             if when is not None and when <= at:
                 expected += 1
+        if expected:
+            settle = self._line.changed + SETTLE - SYSTEM_CLOCK.monotonic()
+            if settle > 0:
+                _pause.wait(settle)
         deadline = SYSTEM_CLOCK.monotonic() + DEADLINE
         claims: list[Claim] = []
         while True:
@@ -245,6 +261,8 @@ class RealTimeStore:
         return results
 
     def _note(self, item: Completion) -> None:
+        if item.state is JobState.SCHEDULED:
+            self._line.changed = SYSTEM_CLOCK.monotonic()
         track = self._jobs.setdefault(item.claim.job.id, _Track(None))
         track.lease_until = None
         if item.released:
@@ -273,6 +291,12 @@ class RealTimeStore:
         self._sync()
         self._backend.release(claim)
         self._note(Completion.release(claim))
+
+    def complete_and_claim(
+        self, batch: Sequence[Completion], *, limit: int, lease: float
+    ) -> tuple[list[Any], list[Claim]]:
+        """``complete`` then ``claim``, each as above."""
+        return complete_then_claim(self, batch, limit=limit, lease=lease)
 
     def wait_for_due(self, max_wait: float) -> None:
         ok = _finite(max_wait) and max_wait > 0

@@ -180,9 +180,11 @@ class RabbitMQBackend(CompletesInBatches):
         now = self._clock.time()
         outgoing = []
         for spec in specs:
-            delay = spec.run_at - now if spec.delay is None else spec.delay
-            message = JobMessage.from_spec(spec, now + max(0.0, delay), now)
-            outgoing.append(self._outgoing(message, delay))
+            # A past run_at is kept (it orders the job among those due); delay= is
+            # relative to this clock, a negative one meaning now.
+            run_at = spec.run_at if spec.delay is None else now + max(0.0, spec.delay)
+            message = JobMessage.from_spec(spec, run_at, now)
+            outgoing.append(self._outgoing(message, run_at - now))
         self._publisher.publish(outgoing, "schedule a job")
         return [EnqueueOutcome.CREATED] * len(specs)
 

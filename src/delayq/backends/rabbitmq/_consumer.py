@@ -34,6 +34,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -72,12 +73,23 @@ class Delivery:
     error: str | None = None  # why it cannot be read
     due: float = 0.0  # local deadline, monotonic seconds
     note: str | None = None  # the last error to report instead of the message's (a release)
+    seq: int = 0  # arrival order: breaks ties between equal due times (FIFO)
+
+
+def _due_time(delivery: Delivery) -> float:
+    """The order of due deliveries: the job's due time (an unreadable one first)."""
+    return delivery.message.run_at if delivery.message is not None else -math.inf
 
 
 class Consumer:
     """Consumes one ready queue on its own thread (see the module docstring).
 
-    Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_generation``,
+    Two heaps: ``_heap`` holds deliveries by local deadline (the never-early gate);
+    once a deadline passes, the delivery moves to ``_ready``, ordered by the job's
+    due time, so due jobs are claimed in due order even when the broker delivered
+    them in another (a retry published after a later job).
+
+    Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_ready``, ``_generation``,
     ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused`` and
     ``_closed``.
     ``_generation`` and ``_channel`` change only on the I/O thread. No user
@@ -88,7 +100,8 @@ class Consumer:
         self._settings = settings
         self._topology = topology
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, Delivery]] = []
+        self._heap: list[tuple[float, int, Delivery]] = []  # (local deadline, seq, delivery)
+        self._ready: list[tuple[float, int, Delivery]] = []  # (due time, seq, delivery)
         self._seq = itertools.count()
         self._generation = 0
         self._wake_gen = 0
@@ -181,11 +194,12 @@ class Consumer:
             pause = min(5.0, pause * 2)
 
     def _disconnected(self, connection: Any) -> None:
-        """Forget every delivery of the lost connection; fail the settles still pending."""
+        """Forget every delivery of the lost connection (the broker returns them)."""
         self.connected.clear()
         with self._cond:
             self._generation += 1
             self._heap.clear()
+            self._ready.clear()
             self._connection = self._channel = None
             self._wake_gen += 1
             self._cond.notify_all()
@@ -211,8 +225,9 @@ class Consumer:
             delivery = Delivery(
                 method.delivery_tag, self._generation, body, returns, message, error, due
             )
+            delivery.seq = next(self._seq)
             first = not self._heap or due < self._heap[0][0]
-            heapq.heappush(self._heap, (due, next(self._seq), delivery))
+            heapq.heappush(self._heap, (due, delivery.seq, delivery))
             if first:
                 self._wake_gen += 1
                 self._cond.notify_all()
@@ -225,15 +240,18 @@ class Consumer:
             if channel is None or self._closed:
                 return
             now = SYSTEM_CLOCK.monotonic()
-            stale = bool(self._heap) and self._heap[0][0] <= now - HANDBACK and not self._paused
+            cutoff = now - HANDBACK
+            stale = not self._paused and (
+                (bool(self._heap) and self._heap[0][0] <= cutoff)
+                or any(entry[2].due <= cutoff for entry in self._ready)
+            )
         if stale:
             others = channel.queue_declare(self._topology.ready_queue, passive=True)
             if others.method.consumer_count > 1:
                 channel.basic_cancel(self._consumer_tag)
                 with self._cond:
                     self._paused = True
-                    held = [entry[2] for entry in sorted(self._heap)]
-                    self._heap.clear()
+                    held = self._drain_locked()
                 for delivery in held:
                     self._publish_back(channel, delivery, max(0.0, delivery.due - now))
         connection.call_later(HANDBACK / 2, self._hand_back)
@@ -264,10 +282,17 @@ class Consumer:
         channel.basic_cancel(self._consumer_tag)
         now = SYSTEM_CLOCK.monotonic()
         with self._cond:
-            held = [entry[2] for entry in sorted(self._heap)]
-            self._heap.clear()
+            held = self._drain_locked()
         for delivery in held:
             self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+
+    def _drain_locked(self) -> list[Delivery]:
+        """Every delivery held and not claimed, taken out of both heaps (call locked)."""
+        held = [entry[2] for entry in sorted(self._ready)]
+        held += [entry[2] for entry in sorted(self._heap)]
+        self._heap.clear()
+        self._ready.clear()
+        return held
 
     def _resume(self) -> None:
         with self._cond:
@@ -331,18 +356,22 @@ class Consumer:
         with self._cond:
             if delivery.generation != self._generation or self._channel is None:
                 return False
-            heapq.heappush(self._heap, (delivery.due, next(self._seq), delivery))
+            heapq.heappush(self._ready, (_due_time(delivery), delivery.seq, delivery))
             self._wake_gen += 1
             self._cond.notify_all()
             return True
 
     def take_due(self, limit: int, now: float) -> list[Delivery]:
-        """Up to ``limit`` deliveries due by ``now`` (monotonic), earliest first."""
+        """Up to ``limit`` deliveries whose local deadline passed by ``now`` (monotonic),
+        earliest due time first."""
         taken: list[Delivery] = []
         with self._cond:
-            heap = self._heap
-            while heap and len(taken) < limit and heap[0][0] <= now:
-                taken.append(heapq.heappop(heap)[2])
+            heap, ready = self._heap, self._ready
+            while heap and heap[0][0] <= now:
+                delivery = heapq.heappop(heap)[2]
+                heapq.heappush(ready, (_due_time(delivery), delivery.seq, delivery))
+            while ready and len(taken) < limit:
+                taken.append(heapq.heappop(ready)[2])
         return taken
 
     def wait(self, deadline: float, extra: Callable[[], float | None]) -> None:
@@ -352,6 +381,8 @@ class Consumer:
         with self._cond:
             gen = self._wake_gen
             while not self._closed and self._wake_gen == gen:
+                if self._ready:
+                    return  # due deliveries a claim left for later
                 now = clock.monotonic()
                 until = deadline
                 if self._heap:
@@ -371,4 +402,4 @@ class Consumer:
     def buffered(self) -> int:
         """How many deliveries wait for their local deadline (for tests and stats)."""
         with self._cond:
-            return len(self._heap)
+            return len(self._heap) + len(self._ready)
