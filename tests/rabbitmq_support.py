@@ -45,6 +45,10 @@ def _reachable() -> str | None:
         return f"{AMQP_URL}: {exc}"
 
 
+VHOST_ENV = "DELAYQ_TEST_VHOST"
+"""Set to the test vhost for processes a test starts (they use it, never delete it)."""
+
+
 def private_vhost() -> str:
     """This process's virtual host (created on first use, deleted at exit); skips when absent."""
     global _vhost  # noqa: PLW0603 - one vhost per test process
@@ -54,6 +58,8 @@ def private_vhost() -> str:
     if problem is not None:
         service_missing("RabbitMQ", problem)
     with _lock:
+        if _vhost is None and os.environ.get(VHOST_ENV):
+            _vhost = os.environ[VHOST_ENV]  # a child process of a test: its parent's vhost
         if _vhost is None:
             name = f"delayqtest-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             made = _rabbitmqctl("add_vhost", name)
@@ -62,6 +68,7 @@ def private_vhost() -> str:
             user = urlsplit(AMQP_URL).username or "guest"
             _rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
             atexit.register(_rabbitmqctl, "delete_vhost", name)
+            os.environ[VHOST_ENV] = name  # processes the tests start use the same vhost
             _vhost = name
         return _vhost
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
+import subprocess
+import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -83,22 +84,32 @@ def test_a_job_is_claimed_once_due_on_the_store_clock_and_never_before(live: Bac
     assert waits <= 5, f"{waits} waits for one due time: the waiter polls"
 
 
-def _enqueue_in_another_process(factory: BackendFactory, store: str, job: JobSpec) -> None:
-    """Enqueue ``job`` from a forked child with its own handle (no in-process wake-up)."""
-    pid = os.fork()
-    if pid == 0:  # the child: open, enqueue, leave without cleaning the store up
-        code = 1
-        try:
-            assert factory.open_live is not None
-            opened = factory.open_live(store)  # held: its exit would clean the store up
-            opened.__enter__().enqueue([job])
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+_PRODUCER = """
+import dataclasses, os, sys, time
+from tests.contract._registry import BACKEND_FACTORIES
+from tests.contract._support import spec
+
+name, store, job_id, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+opened = BACKEND_FACTORIES[name].open_live(store)  # held: its exit would clean the store up
+backend = opened.__enter__()
+backend.enqueue([dataclasses.replace(spec(job_id, time.time() + delay), delay=delay)])
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _enqueue_in_another_process(factory: BackendFactory, store: str, job_id: str) -> None:
+    """Enqueue a job due in 50 ms from a fresh Python process with its own handle
+    (so no in-process wake-up can stand in for the store's own)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PRODUCER, factory.name, store, job_id, "0.05"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_an_earlier_job_from_another_process_wakes_a_sleeping_waiter(
@@ -123,7 +134,7 @@ def test_an_earlier_job_from_another_process_wakes_a_sleeping_waiter(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert started.wait(DEADLINE)
-    _enqueue_in_another_process(factory, store, due_in("near", 0.05))
+    _enqueue_in_another_process(factory, store, "near")
     assert claimed.wait(DEADLINE), "the waiter was not woken by the earlier job"
     assert got == ["near"]
     thread.join(DEADLINE)
