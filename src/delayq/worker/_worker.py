@@ -174,8 +174,12 @@ class Worker:
                 froze = True
         try:
             self.start()
-            # Event.wait is interruptible by signals, so the handlers above run promptly.
-            self._done.wait()
+            # A signal's Python handler runs in this thread between bytecodes. An
+            # untimed wait wakes for it only when the kernel delivers the signal to
+            # this very thread; a timed wait also lets one that reached another
+            # thread (os.kill from a handler) run its handler within a moment.
+            while not self._done.wait(0.25):
+                pass
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
