@@ -33,10 +33,12 @@ Columns:
   handler thread.
 
 Stores and peers: delayq on SQLite (``synchronous=full``, the default, and ``normal``) and on
-Redis, then the Redis job queues arq, saq, dramatiq, rq and huey (installed only in the
-benchmark's environment, ``bench/requirements-peers.txt``). More systems join by adding a
-:class:`System` to :data:`SYSTEMS` (see :func:`delayq_system`). The pre-enqueued measurements
-(every job enqueued before the first falls due) stay in ``bench.durable`` and
+Redis, then the Redis job queues arq, saq, dramatiq, rq and huey, then delayq on PostgreSQL
+with procrastinate and pgqueuer (``bench.postgres``), and delayq on RabbitMQ with Celery
+(``bench.rabbitmq``); the peers are installed only in the benchmark's environment
+(``bench/requirements-peers.txt``). More systems join by adding a :class:`System` to
+:data:`SYSTEMS` (see :func:`delayq_system`) or to a store module's own list. The
+pre-enqueued measurements (every job enqueued before the first falls due) stay in ``bench.durable`` and
 ``bench.redis_peers``.
 
 With matplotlib installed (the benchmark's environment), the run also writes the lateness CDF
@@ -510,10 +512,22 @@ def _workloads(args: argparse.Namespace) -> list[Workload]:
     ]
 
 
+def all_systems() -> list[System]:
+    """:data:`SYSTEMS` plus the PostgreSQL and RabbitMQ stores and their peers, which
+    their own modules (``bench.postgres``, ``bench.rabbitmq``) define on this harness."""
+    systems = list(SYSTEMS)
+    for module in ("bench.postgres", "bench.rabbitmq"):
+        try:
+            systems += importlib.import_module(module).SYSTEMS
+        except ImportError as exc:  # a store's client is missing: its rows say so
+            _log(f"{module} not loaded: {exc}")
+    return systems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     wanted = {n.strip() for n in args.only.split(",")} if args.only else None
-    systems = [s for s in SYSTEMS if wanted is None or s.name in wanted]
+    systems = [s for s in all_systems() if wanted is None or s.name in wanted]
     workloads = _workloads(args)
     summary = machine_summary(_RedisDatabase.get())
     _log(summary)
