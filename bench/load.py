@@ -38,8 +38,8 @@ with procrastinate and pgqueuer (``bench.postgres``), and delayq on RabbitMQ wit
 (``bench.rabbitmq``); the peers are installed only in the benchmark's environment
 (``bench/requirements-peers.txt``). More systems join by adding a :class:`System` to
 :data:`SYSTEMS` (see :func:`delayq_system`) or to a store module's own list. The
-pre-enqueued measurements (every job enqueued before the first falls due) stay in ``bench.durable`` and
-``bench.redis_peers``.
+pre-enqueued measurements (every job enqueued before the first falls due) stay in
+``bench.durable`` and ``bench.redis_peers``.
 
 With matplotlib installed (the benchmark's environment), the run also writes the lateness CDF
 of every system at the rate closest to 2,000 jobs/s to ``--plot`` (a PNG, log time axis).
