@@ -74,9 +74,15 @@ def bench_database(server: str) -> str:
 
 
 class _Server:
-    """The benchmark database's URL, set by :func:`main`."""
+    """The benchmark database's URL: set by :func:`main`, else the default server's."""
 
     url = ""
+
+    @classmethod
+    def get(cls) -> str:
+        if not cls.url:  # run from bench.load
+            cls.url = bench_database(DEFAULT_URL)
+        return cls.url
 
 
 def _drop(url: str, schemas: Sequence[str]) -> None:
@@ -88,11 +94,11 @@ def _drop(url: str, schemas: Sequence[str]) -> None:
 def _delayq_prepare(query: str) -> Callable[[Path], contextlib.AbstractContextManager[str]]:
     @contextlib.contextmanager
     def prepare(workdir: Path) -> Iterator[str]:
-        _drop(_Server.url, [SCHEMA])
+        _drop(_Server.get(), [SCHEMA])
         try:
-            yield f"{_Server.url}?schema={SCHEMA}&queue=bench{query}"
+            yield f"{_Server.get()}?schema={SCHEMA}&queue=bench{query}"
         finally:
-            _drop(_Server.url, [SCHEMA])
+            _drop(_Server.get(), [SCHEMA])
 
     return prepare
 
@@ -102,13 +108,13 @@ def _peer_prepare(
 ) -> Callable[[Path], contextlib.AbstractContextManager[str]]:
     @contextlib.contextmanager
     def prepare(workdir: Path) -> Iterator[str]:
-        _drop(_Server.url, [schema])
+        _drop(_Server.get(), [schema])
         os.environ["PGQUEUER_SCHEMA"] = _pg_peers.PGQUEUER_SCHEMA
-        install(_Server.url)
+        install(_Server.get())
         try:
-            yield _Server.url
+            yield _Server.get()
         finally:
-            _drop(_Server.url, [schema])
+            _drop(_Server.get(), [schema])
 
     return prepare
 
