@@ -547,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     try:
                         result = measure(system, workload, Path(tmp))
                         result.system = label
-                    except (RunFailed, OSError, TimeoutError) as exc:
+                    except Exception as exc:  # one system's failure is its row, not the run's
                         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                         result = Result(label, workload, failed=f"failed: {first}")
                     results.append(result)
