@@ -23,7 +23,7 @@ import pytest
 
 from delayq.backends.base import Backend
 from delayq.clock import SYSTEM_CLOCK
-from delayq.errors import StaleClaim
+from delayq.errors import InvalidOption, StaleClaim
 from delayq.job import CancelOutcome, Claim, JobSpec
 from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
@@ -185,3 +185,12 @@ def test_a_job_cancelled_before_it_is_due_never_comes(live: Backend) -> None:
     assert live.cancel("j") is CancelOutcome.CANCELLED
     claims, _ = claim_when_due(live, deadline=1.0)
     assert claims == []
+
+
+def test_a_store_on_its_real_clock_refuses_an_injected_now(live: Backend) -> None:
+    """``claim(now=)`` is for tests with an injected clock: on the real clock a later
+    "now" would claim jobs before they are due."""
+    live.enqueue([due_in("j", 3600)])
+    with pytest.raises(InvalidOption, match="injected time"):
+        live.claim(limit=1, lease=LEASE, now=SYSTEM_CLOCK.time() + 3600)
+    assert live.claim(limit=1, lease=LEASE) == []

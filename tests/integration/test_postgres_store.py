@@ -229,8 +229,8 @@ def test_hot_and_dashboard_queries_search_an_index(backend: PostgresBackend, nam
     # A table with a few thousand rows in every state, statistics fresh; with
     # sequential scans priced out, a plan still shows one only when no index fits.
     now = server_now(backend)
-    backend.enqueue([spec(f"s{i}", now + i) for i in range(3000)])
-    claims = backend.claim(limit=1000, lease=LEASE, now=now + 3000)
+    backend.enqueue([spec(f"s{i}", now - 3000 + i) for i in range(3000)])  # all due
+    claims = backend.claim(limit=1000, lease=LEASE)
     from delayq.backends.base import Completion  # noqa: PLC0415
 
     backend.complete([Completion.ack(c) for c in claims[:500]])

@@ -440,9 +440,9 @@ def test_a_claim_whose_reply_is_lost_is_retried_and_returns_the_same_claims(
     proxy = DroppingProxy(server.port)
     backend = RedisBackend.from_url(f"redis://127.0.0.1:{proxy.port}/0")
     try:
+        assert backend.claim(limit=1, lease=1.0) == []  # loads the script (nothing stored yet)
         now = server_time(backend)
         backend.enqueue([spec(f"j{i}", now - 10 + i, max_attempts=1) for i in range(6)])
-        assert backend.claim(limit=1, lease=1.0, now=0.0) == []  # loads the script
         proxy.trigger = backend._conn.sha("claim").encode()
         first = backend.claim(limit=3, lease=30.0)  # the first attempt's reply is lost
         assert proxy.dropped.is_set()

@@ -14,6 +14,7 @@ from typing import Any
 
 from delayq._validate import check_job_id, utf8_problem
 from delayq.backends.base import Completion
+from delayq.clock import Clock, SystemClock
 from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
 from delayq.job import Claim, Job, JobSpec, JobState
 
@@ -29,6 +30,7 @@ __all__ = [
     "RELEASED_NOTE",
     "TTL_STATES",
     "check_ack_state",
+    "check_claim_now",
     "check_dead_ttl",
     "check_lease",
     "check_limit",
@@ -81,6 +83,24 @@ def _finite(value: object) -> float | None:
     except OverflowError:  # an int past float's range (10**400)
         return None
     return number if math.isfinite(number) else None
+
+
+def check_claim_now(now: object, clock: Clock) -> float | None:
+    """``claim(now=...)``: injected time, for tests only.
+
+    A store on the real clock refuses it: a caller passing a later "now" would
+    claim jobs before they are due. Tests open the store with a test clock
+    (``clock=FakeClock()``) and may pass any ``now``.
+    """
+    if now is None:
+        return None
+    if isinstance(clock, SystemClock):
+        raise InvalidOption(
+            "claim(now=...) is injected time for tests: on the real clock it would claim "
+            "jobs before they are due; open the store with a test clock "
+            "(clock=delayq.testing.FakeClock()) to pass now="
+        )
+    return check_run_at(now, "now")
 
 
 def check_limit(limit: object) -> int:

@@ -246,7 +246,10 @@ class Backend(Protocol):
         """Atomically claim up to ``limit`` due jobs for ``lease`` seconds.
 
         Increments each job's ``attempts``. Also returns expired leases to the
-        due set first. ``now`` overrides the store's clock (tests).
+        due set first. ``now`` overrides the store's clock, for tests only: a store
+        opened with a test clock (``clock=FakeClock()``) takes it, a store on the
+        real clock refuses it with InvalidOption (a later "now" would claim jobs
+        before they are due).
         """
         ...
 

@@ -22,6 +22,7 @@ from delayq.backends._common import (
     RELEASED_NOTE,
     TTL_STATES,
     CompletesInBatches,
+    check_claim_now,
     check_lease,
     check_limit,
     check_list_cursor,
@@ -379,7 +380,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         lease = check_lease(lease)
         with self._lock:
             self._check_open()
-            at = self._now(now)
+            at = self._now(check_claim_now(now, self._clock))
             self._purge_finished(at)
             self._expire_leases(at)
             claims: list[Claim] = []

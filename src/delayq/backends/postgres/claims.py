@@ -25,9 +25,9 @@ from psycopg.rows import tuple_row
 from delayq.backends._common import (
     PURGE_BATCH,
     RELEASED_NOTE,
+    check_claim_now,
     check_lease,
     check_limit,
-    check_run_at,
     clip_error,
     stale_claim,
     undecodable_error,
@@ -147,7 +147,7 @@ class Claiming:
     def claim(self: _Store, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
-        at = None if now is None else check_run_at(now, "now")
+        at = check_claim_now(now, self._clock)
         params = Claiming._claim_params(self, limit, lease, at)
         with self._conn("claiming") as conn:
             Claiming._purge(self, conn, params)

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 from delayq.backends._common import (
     RELEASED_NOTE,
     CompletesInBatches,
+    check_claim_now,
     check_lease,
     check_limit,
     check_max_wait,
@@ -201,8 +202,7 @@ class RabbitMQBackend(CompletesInBatches):
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
-        if now is not None:
-            check_run_at(now, "now")
+        check_claim_now(now, self._clock)  # due is decided by the broker and the local wait
         self._check_open()
         self._consumer.start()
         self._consumer.resume()

@@ -15,6 +15,7 @@ from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
     check_ack_state,
+    check_claim_now,
     check_lease,
     check_limit,
     check_max_wait,
@@ -384,6 +385,7 @@ class RedisBackend(Inspection, RedisSchedules):
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
+        now = check_claim_now(now, self._clock or SYSTEM_CLOCK)
         # The request key makes the one retry safe: if the first call ran but its
         # reply was lost, the retry finds the key and returns that call's claims.
         self._server.maybe_recheck()

@@ -22,6 +22,7 @@ from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
     CompletesInBatches,
+    check_claim_now,
     check_dead_ttl,
     check_lease,
     check_limit,
@@ -421,7 +422,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         limit = check_limit(limit)
         lease = check_lease(lease)
         with self._write("claiming", durable=False) as conn:
-            at = self._clock.time() if now is None else check_run_at(now, "now")
+            claimed_now = check_claim_now(now, self._clock)
+            at = self._clock.time() if claimed_now is None else claimed_now
             self._housekeeping(conn, at)
             return ops.claim_due(conn, at, limit, lease)
 
