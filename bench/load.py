@@ -459,13 +459,23 @@ def write_cdf(results: Sequence[Result], path: Path) -> str | None:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         return "matplotlib is not installed: no plot"
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    for r in results:
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    colors = plt.get_cmap("tab20").colors
+    for n, r in enumerate(results):
         if r.failed is not None or not r.scheduled:
             continue
         xs = [max(late, 1e-5) * 1000 for late in r.lateness]
         ys = [(i + 1) / r.scheduled for i in range(len(xs))]
-        ax.step(xs, ys, where="post", label=r.system)
+        ours = r.system.startswith("delayq")  # delayq solid and thick, peers dashed
+        ax.step(
+            xs,
+            ys,
+            where="post",
+            label=r.system,
+            color=colors[n % len(colors)],
+            linewidth=2.2 if ours else 1.2,
+            linestyle="-" if ours else "--",
+        )
     rate = results[0].workload.rate
     ax.set_xscale("log")
     ax.set_xlabel("lateness: handler start minus due time (ms, log scale)")
@@ -473,7 +483,7 @@ def write_cdf(results: Sequence[Result], path: Path) -> str | None:
     ax.set_title(f"Live load: {rate:,} jobs/s scheduled while earlier jobs fall due")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_ylim(0, 1.0)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path)
