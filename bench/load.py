@@ -486,7 +486,7 @@ def write_cdf(results: Sequence[Result], path: Path) -> str | None:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return None
 
