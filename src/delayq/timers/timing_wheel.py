@@ -621,7 +621,8 @@ class HierarchicalWheel:
         more turn). At most ``max_tasks`` move per call, so the caller can
         fire what is due in between; returns how many moved (0: nothing to
         do before :meth:`next_early_cascade`). ``advance`` fires exactly the
-        same tasks, in the same order, whether or not this ran.
+        same tasks in deadline order whether or not this ran (tasks due at the
+        same tick may come out in another order than they were scheduled).
         """
         early = self._early
         current = self._current
