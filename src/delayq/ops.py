@@ -11,9 +11,9 @@ import logging
 import os
 import secrets
 import threading
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
+from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import ConfigurationError
 from delayq.logs import result_logger
 from delayq.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
@@ -126,11 +126,11 @@ class WorkerOps:
         self._web = uvicorn.Server(config)
         self._web_thread = threading.Thread(target=self._web.run, name="delayq-web", daemon=True)
         self._web_thread.start()
-        deadline = time.monotonic() + 30
+        deadline = SYSTEM_CLOCK.monotonic() + 30
         while not self._web.started:
-            if not self._web_thread.is_alive() or time.monotonic() > deadline:
+            if not self._web_thread.is_alive() or SYSTEM_CLOCK.monotonic() > deadline:
                 raise ConfigurationError(f"cannot serve the dashboard on 127.0.0.1:{port}")
-            time.sleep(0.01)
+            SYSTEM_CLOCK.sleep(0.01)
         bound = self._web.servers[0].sockets[0].getsockname()[1]
         self.web_url = f"http://127.0.0.1:{bound}/"
         login = self.web_url if given else f"{self.web_url}?token={token}"

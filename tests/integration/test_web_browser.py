@@ -137,7 +137,7 @@ def site(tmp_path: Path) -> Iterator[Site]:
         deadline = time.monotonic() + 30
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+            threading.Event().wait(0.02)
         try:
             yield Site(f"http://127.0.0.1:{config.port}", app)
         finally:
