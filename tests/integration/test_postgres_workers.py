@@ -140,8 +140,11 @@ def test_workers_whose_server_backends_are_terminated_still_run_every_job(
 ) -> None:
     workers = [start_worker("--lease", "2.0") for _ in range(2)]
     now = server_time(backend)
-    backend.enqueue([job(f"a{i}", now + i * 0.01) for i in range(200)])
+    backend.enqueue([job(f"a{i}", now + i * 0.02) for i in range(200)])
     assert wait_until(lambda: backend.stats().succeeded >= 50, timeout=30, interval=0.05)
+    # Both workers are past start-up (each has run a job) before their backends go.
+    pids = {w.pid for w in workers}
+    assert wait_until(lambda: {r[2] for r in runs(schema)} >= pids, timeout=30, interval=0.05)
     assert terminate_backends(schema) >= 2  # the workers' pools and listeners
     backend.enqueue([job(f"b{i}", server_time(backend) + 0.5 + i * 0.01) for i in range(200)])
     assert terminate_backends(schema) >= 0
