@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from numbers import Real
 
 from delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
 
 MAX_JOB_ID_LENGTH = 255
+MAX_DELAY = 100 * 365.25 * 86400.0
+"""The furthest a job (or a schedule's interval) may reach ahead: 100 years, in seconds."""
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 control characters
 _INF = math.inf
 _BIG_INT = 2**1000  # ints beyond this may not convert to float: the slow path checks them
@@ -42,6 +44,13 @@ def check_seconds(value: object, name: str = "delay") -> float:
     if not math.isfinite(seconds):
         raise InvalidDelay(f"{name} must be a finite number of seconds, got {value!r}")
     return seconds
+
+
+def check_duration(value: object, name: str) -> float:
+    """A ``timedelta`` or a number of seconds (see :func:`check_seconds`) as float seconds."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return check_seconds(value, name)
 
 
 def check_option_seconds(value: object, name: str, *, allow_zero: bool = False) -> float:

@@ -18,7 +18,7 @@ import pytest
 
 from delayq import AsyncDelayQueue, DelayedItem, DelayQueue, QueueClosed
 from delayq.clock import SYSTEM_CLOCK, SystemClock
-from delayq.experiments import retry
+from delayq.cli.experiments import retry
 from tests._util import wait_until
 
 PRODUCERS = 8

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "delayq"
-FRONT_ENDS = {"delayq.worker", "delayq.app", "delayq.cli", "delayq.demo", "delayq.web"}
+FRONT_ENDS = {"delayq.worker", "delayq.app", "delayq.cli", "delayq.cli.demo", "delayq.web"}
 CORE_MODULES = ["job.py", "backoff.py", "clock.py", "errors.py", "codec.py", "_validate.py"]
 
 

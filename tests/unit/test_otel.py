@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from delayq.app import DelayQ, JobContext
 from delayq.backends.memory import MemoryBackend
-from delayq.otel import ENVELOPE_KEY, instrument, unwrap
+from delayq.observe.otel import ENVELOPE_KEY, instrument, unwrap
 from delayq.testing import FakeClock
 from delayq.worker import JobResult, Worker
 

@@ -2,7 +2,7 @@
 
 :class:`RecurringSchedules` is what ``DelayQ.recurring`` and its siblings
 delegate to. The model (schedules, occurrences, the pure ``plan`` of a tick)
-is :mod:`delayq.recurring`; this module adds the input checks (through the
+is :mod:`delayq.recurring.model`; this module adds the input checks (through the
 app's own ``build``, so job options are checked and defaulted exactly as for
 ``schedule``), the compare-and-set edits of the stored record, and the tick
 handler that extends the chain.
@@ -17,14 +17,15 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from delayq._validate import check_datetime, check_seconds
+from delayq._validate import MAX_DELAY, check_datetime, check_duration, check_seconds
 from delayq.backends._schedules import check_schedule_name
-from delayq.backends.base import ScheduleStore
+from delayq.backends.base import Backend, ScheduleStore
+from delayq.clock import Clock
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
-from delayq.job import EnqueueOutcome, JobSpec, JobState
-from delayq.recurring import (
+from delayq.job import EnqueueOutcome, JobContext, JobSpec, JobState
+from delayq.recurring.model import (
     LEAD,
     MIN_EVERY,
     TICK_HANDLER,
@@ -38,10 +39,7 @@ from delayq.recurring import (
     tick_id,
 )
 
-if TYPE_CHECKING:
-    from delayq.app import DelayQ, JobContext
-
-__all__ = ["RecurringSchedules"]
+__all__ = ["JobFactory", "RecurringSchedules"]
 
 _TICK_MAX_ATTEMPTS = 100  # a tick fails only when the store does; keep trying for hours
 _TICK_BACKOFF: dict[str, Any] = {"kind": "exponential", "base": 1.0, "factor": 2.0, "cap": 300.0}
@@ -50,7 +48,27 @@ _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
 # an edit settles those within twice that, for a producer clock a little behind.
 _SETTLE_WINDOW = 2 * LEAD
 _SETTLE_MAX = 100
-_MAX_EVERY = 100 * 365.25 * 86400
+
+
+class JobFactory(Protocol):
+    """What the schedules need of their app (:class:`~delayq.app.DelayQ` is one):
+    its store, its clock, and its checks of job arguments."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def build(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+    ) -> JobSpec: ...
 
 
 class RecurringSchedules:
@@ -65,7 +83,7 @@ class RecurringSchedules:
     thread-safe for ``uniform``), so it is safe to share between threads.
     """
 
-    def __init__(self, app: DelayQ, *, rng: random.Random | None = None) -> None:
+    def __init__(self, app: JobFactory, *, rng: random.Random | None = None) -> None:
         self._app = app
         self._rng = rng if rng is not None else random.Random()
 
@@ -112,14 +130,14 @@ class RecurringSchedules:
             raise InvalidOption(f"end must not be before start, got start={start!r} end={end!r}")
         interval = None
         if every is not None:
-            interval = round(self._seconds(every, "every"), 3)
-            if not MIN_EVERY <= interval <= _MAX_EVERY:
+            interval = round(check_duration(every, "every"), 3)
+            if not MIN_EVERY <= interval <= MAX_DELAY:
                 raise InvalidOption(
                     f"every must be at least {MIN_EVERY} second and at most 100 years, "
                     f"got {every!r}"
                 )
         expr = None if cron is None else check_cron(cron, zone, now)
-        spread = self._seconds(jitter, "jitter")
+        spread = check_duration(jitter, "jitter")
         if spread < 0:
             raise InvalidOption(f"jitter must be >= 0 seconds, got {jitter!r}")
         # One checked spec gives the handler name, payload text and job options
@@ -150,12 +168,6 @@ class RecurringSchedules:
             not_before=now,
             anchor=anchor,
         )
-
-    @staticmethod
-    def _seconds(value: object, field_name: str) -> float:
-        if isinstance(value, timedelta):
-            return value.total_seconds()
-        return check_seconds(value, field_name)
 
     def add(self, name: object, **definition: Any) -> Schedule:
         """Store the schedule (create it, or change it to this definition); see
