@@ -17,6 +17,10 @@ the field, nothing stored); the store only ever sees a :class:`JobSpec`.
 A producer does not need to import the handlers: scheduling a name that is not
 registered in this process is allowed, and a worker that does not know the
 name dead-letters the job with that reason (only registered names ever run).
+
+The checks of job arguments live in :mod:`delayq._build`; this module is the
+public surface (registry, producers, recurring, inspection, lifecycle), about
+600 lines because most of it is the API's documentation.
 """
 
 from __future__ import annotations
