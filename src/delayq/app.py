@@ -38,12 +38,12 @@ from typing import Any, Literal, Protocol, TypeVar
 from delayq._validate import (
     check_datetime,
     check_job_id,
+    check_list_cursor,
     check_option_seconds,
     check_seconds,
     utf8_problem,
 )
 from delayq.backends import Backend, open_backend
-from delayq.backends._common import check_list_cursor
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload

@@ -19,8 +19,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from delayq._validate import check_datetime, check_seconds
-from delayq.backends._schedules import check_schedule_name
+from delayq._validate import check_datetime, check_schedule_name, check_seconds
 from delayq.backends.base import ScheduleStore
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState

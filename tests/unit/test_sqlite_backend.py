@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from delayq.backends import _wake as wake_module
 from delayq.backends import open_backend
 from delayq.backends import sqlite as sqlite_module
-from delayq.backends._wake import WakeChannel, wake_directory
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.backends.sqlite import _ops as ops_module
 from delayq.backends.sqlite import _schema as schema_module
+from delayq.backends.sqlite import _wake as wake_module
+from delayq.backends.sqlite._wake import WakeChannel, wake_directory
 from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from delayq._validate import check_job_id, utf8_problem
+from delayq._validate import (
+    check_job_id,
+    check_list_cursor,
+    check_run_at,
+    finite_number,
+    format_time,
+    utf8_problem,
+)
 from delayq.backends.base import Completion
 from delayq.clock import Clock, SystemClock
-from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
+from delayq.errors import InvalidOption, InvalidPayload, StaleClaim
 from delayq.job import Claim, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
@@ -74,17 +79,6 @@ TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED
 stay until they are purged or requeued on purpose."""
 
 
-def _finite(value: object) -> float | None:
-    """``value`` as a finite float, or None if it is not a finite real number (bool excluded)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int past float's range (10**400)
-        return None
-    return number if math.isfinite(number) else None
-
-
 def check_claim_now(now: object, clock: Clock) -> float | None:
     """``claim(now=...)``: injected time, for tests only.
 
@@ -107,18 +101,6 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
     return limit
-
-
-def check_list_cursor(after: object) -> tuple[float, str] | None:
-    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
-    of the previous page, or None."""
-    if after is None:
-        return None
-    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
-        raise InvalidOption(
-            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
-        )
-    return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
 def filtered_page(
@@ -155,21 +137,21 @@ def filtered_page(
 
 
 def check_lease(lease: object) -> float:
-    seconds = _finite(lease)
+    seconds = finite_number(lease)
     if seconds is None or seconds <= 0:
         raise InvalidOption(f"lease must be a finite number of seconds > 0, got {lease!r}")
     return seconds
 
 
 def check_max_wait(max_wait: object) -> float:
-    seconds = _finite(max_wait)
+    seconds = finite_number(max_wait)
     if seconds is None or seconds < 0:
         raise InvalidOption(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
     return seconds
 
 
 def check_result_ttl(result_ttl: object) -> float:
-    seconds = _finite(result_ttl)
+    seconds = finite_number(result_ttl)
     if seconds is None or seconds < 0:
         raise InvalidOption(
             f"result_ttl must be a finite number of seconds >= 0, got {result_ttl!r}"
@@ -181,18 +163,11 @@ def check_dead_ttl(dead_ttl: object) -> float | None:
     """Seconds dead letters are kept (None: until purged or requeued)."""
     if dead_ttl is None:
         return None
-    seconds = _finite(dead_ttl)
+    seconds = finite_number(dead_ttl)
     if seconds is None or seconds < 0:
         raise InvalidOption(
             f"dead_ttl must be None or a finite number of seconds >= 0, got {dead_ttl!r}"
         )
-    return seconds
-
-
-def check_run_at(run_at: object, name: str = "run_at") -> float:
-    seconds = _finite(run_at)
-    if seconds is None:
-        raise InvalidDelay(f"{name} must be finite epoch seconds, got {run_at!r}")
     return seconds
 
 
@@ -279,7 +254,7 @@ def check_spec(spec: object) -> JobSpec:
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidOption(f"job {job_id!r}: backoff must be JSON data: {exc}") from exc
     _check_text(spec.misfire, "misfire", job_id)
-    if _finite(spec.created_at) is None:
+    if finite_number(spec.created_at) is None:
         raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
     return spec
 
@@ -327,14 +302,6 @@ def check_ack_state(state: object) -> JobState:
     if state == JobState.SKIPPED:
         return JobState.SKIPPED
     raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
-
-
-def format_time(epoch: float) -> str:
-    """Epoch seconds as a readable UTC timestamp (for error messages)."""
-    try:
-        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return repr(epoch)
 
 
 def lease_expired_error(lease_until: float, attempts: int, max_attempts: int) -> str:

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from delayq.backends.postgres import schema as _schema
-from delayq.backends.postgres.connection import mapped, mask, split_url
+from delayq.backends.postgres import _schema
+from delayq.backends.postgres._connection import mapped, mask, split_url
 from delayq.errors import ConfigurationError
 
 __all__ = ["migrate_url"]

@@ -19,17 +19,12 @@ from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from delayq.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDependency
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
 
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.commands.core import Script
-    from redis.retry import Retry
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency(
-        "the redis:// backend needs the 'redis' package: pip install 'delayq[redis]'"
-    ) from exc
+from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 
 __all__ = [
     "SCRIPT_NAMES",
@@ -143,7 +138,7 @@ def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
 
 
 def _load_scripts() -> dict[str, str]:
-    folder = resources.files(__package__)
+    folder = resources.files(__package__).joinpath("lua")
     prelude, blocks = _split_lib(folder.joinpath("_lib.lua").read_text(encoding="utf-8"))
     return {
         name: _with_lib(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"), prelude, blocks)

@@ -22,18 +22,18 @@ from delayq.backends.redis._keys import FINISHED_INDEX
 from delayq.job import Job, JobState, Stats
 
 if TYPE_CHECKING:
-    from delayq.backends.redis._waiting import Waiting
+    from delayq.backends.redis._waiting import Wakeups
 
-__all__ = ["Inspection"]
+__all__ = ["RedisInspection"]
 
 
-class Inspection:
+class RedisInspection:
     """``get``, ``list_jobs``, ``stats``, ``next_due`` and the dead-letter calls."""
 
     if TYPE_CHECKING:
         _redis: Any
         _keys: dict[str, str]
-        _wakes: Waiting
+        _wakes: Wakeups
 
         def _run(
             self,

@@ -36,7 +36,7 @@ from delayq.backends.redis._fields import (
     pairs,
     when_arg,
 )
-from delayq.backends.redis._inspect import Inspection
+from delayq.backends.redis._inspect import RedisInspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
     DEFAULT_QUEUE,
@@ -45,7 +45,7 @@ from delayq.backends.redis._keys import (
 )
 from delayq.backends.redis._schedules import RedisSchedules
 from delayq.backends.redis._server import ServerChecks
-from delayq.backends.redis._waiting import Waiting
+from delayq.backends.redis._waiting import Wakeups
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendError,
@@ -89,7 +89,7 @@ DEFAULT_MAX_DEAD = 100_000
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(Inspection, RedisSchedules):
+class RedisBackend(RedisInspection, RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -224,7 +224,7 @@ class RedisBackend(Inspection, RedisSchedules):
         self._redis = self._conn.client
         self._db = self._conn.db
         self._server = ServerChecks(self._conn)
-        self._wakes = Waiting(
+        self._wakes = Wakeups(
             self._conn,
             self._keys,
             queue=queue,

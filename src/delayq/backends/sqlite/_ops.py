@@ -3,7 +3,7 @@
 Each function runs inside a transaction the backend opened (``BEGIN IMMEDIATE``
 for the writing ones) and only reads and writes rows; taking turns, committing
 and waking other processes are the backend's business
-(:mod:`delayq.backends.sqlite._backend`). Keeping the row logic here lets one
+(:mod:`delayq.backends.sqlite._store`). Keeping the row logic here lets one
 transaction combine several steps (a group of enqueues, "complete these and
 claim the next").
 """

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from delayq.backends._common import check_limit, check_list_cursor, check_run_at, readable_json
-from delayq.backends.postgres.sql import Statements
+from delayq.backends.postgres._sql import Statements
 from delayq.codec import decode_payload
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState, Stats
 
-__all__ = ["Inspection", "to_job"]
+__all__ = ["PostgresInspection", "to_job"]
 
 Row = tuple[Any, ...]
 
@@ -54,7 +54,7 @@ class _Store(Protocol):
     def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
 
 
-class Inspection:
+class PostgresInspection:
     """``get``, ``list_jobs``, ``next_due``, ``stats``, ``dead_letters``, ``purge_dead``."""
 
     def get(self: _Store, job_id: str) -> Job | None:

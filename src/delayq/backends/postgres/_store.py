@@ -1,8 +1,8 @@
 """The PostgreSQL store's contract methods: producers, workers, waiting.
 
-Inspection (get, list_jobs, stats, dead letters) is in :mod:`.inspect`; the
-SQL in :mod:`.sql`; schema and migrations in :mod:`.schema`; waiting in
-:mod:`.wake`. See the package docstring for the design.
+Inspection (get, list_jobs, stats, dead letters) is in :mod:`._inspect`; the
+SQL in :mod:`._sql`; schema and migrations in :mod:`._schema`; waiting in
+:mod:`._wake`. See the package docstring for the design.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from delayq.backends._common import (
     check_result_ttl,
     check_when,
 )
-from delayq.backends.postgres import schema as _schema
-from delayq.backends.postgres.claims import Claiming
-from delayq.backends.postgres.connection import mapped, mask, split_url
-from delayq.backends.postgres.enqueue import Enqueueing
-from delayq.backends.postgres.inspect import Inspection
-from delayq.backends.postgres.schedules import Schedules
-from delayq.backends.postgres.sql import Statements
-from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
+from delayq.backends.postgres import _schema
+from delayq.backends.postgres._claims import PostgresClaims
+from delayq.backends.postgres._connection import mapped, mask, split_url
+from delayq.backends.postgres._enqueue import PostgresEnqueue
+from delayq.backends.postgres._inspect import PostgresInspection
+from delayq.backends.postgres._schedules import PostgresSchedules
+from delayq.backends.postgres._sql import Statements
+from delayq.backends.postgres._wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendUnavailable,
@@ -58,7 +58,9 @@ _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspection):
+class PostgresBackend(
+    PostgresEnqueue, PostgresClaims, PostgresSchedules, CompletesInBatches, PostgresInspection
+):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or

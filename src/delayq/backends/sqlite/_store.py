@@ -33,7 +33,6 @@ from delayq.backends._common import (
     check_spec,
     check_when,
 )
-from delayq.backends._wake import WakeChannel
 from delayq.backends.base import Completion
 from delayq.backends.sqlite import _ops as ops
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
@@ -54,6 +53,7 @@ from delayq.backends.sqlite._schema import (
     to_job,
 )
 from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
+from delayq.backends.sqlite._wake import WakeChannel
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendError,

@@ -20,12 +20,12 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from delayq.backends._common import TTL_STATES, check_spec
-from delayq.backends.postgres.connection import caller_connection, mapped
-from delayq.backends.postgres.sql import CUTOFF, Statements
+from delayq.backends.postgres._connection import caller_connection, mapped
+from delayq.backends.postgres._sql import CUTOFF, Statements
 from delayq.errors import InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState, OnConflict, check_on_conflict
 
-__all__ = ["Enqueueing"]
+__all__ = ["PostgresEnqueue"]
 
 
 class _Store(Protocol):
@@ -41,7 +41,7 @@ class _Store(Protocol):
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
 
 
-class Enqueueing:
+class PostgresEnqueue:
     """``enqueue`` (see the module docstring)."""
 
     def enqueue(
@@ -60,18 +60,22 @@ class Enqueueing:
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if connection is not None:
-            return Enqueueing._enqueue_in(self, caller_connection(connection), specs, on_conflict)
+            return PostgresEnqueue._enqueue_in(
+                self, caller_connection(connection), specs, on_conflict
+            )
         if not specs:
             return []
         with self._conn("enqueueing") as conn:
-            params = Enqueueing._insert_params(self, specs)
+            params = PostgresEnqueue._insert_params(self, specs)
             try:
                 rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
                 created = rows.fetchall()
                 outcomes = [EnqueueOutcome.CREATED] * len(specs)
             except psycopg.errors.UniqueViolation:
                 with conn.transaction():
-                    outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+                    outcomes, created = PostgresEnqueue._enqueue_slow(
+                        self, conn, specs, on_conflict
+                    )
             self._told(conn, min((r[1] for r in created), default=None))
         return outcomes
 
@@ -90,10 +94,10 @@ class Enqueueing:
             if status == psycopg.pq.TransactionStatus.IDLE and conn.autocommit:
                 # No transaction of the caller's to join: ours commits at once.
                 with conn.transaction():
-                    return Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+                    return PostgresEnqueue._enqueue_joined(self, conn, specs, on_conflict)
             conn.execute("SAVEPOINT delayq_enqueue")
             try:
-                outcomes = Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+                outcomes = PostgresEnqueue._enqueue_joined(self, conn, specs, on_conflict)
             except BaseException:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK TO SAVEPOINT delayq_enqueue")
@@ -105,7 +109,7 @@ class Enqueueing:
     def _enqueue_joined(
         self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
     ) -> list[EnqueueOutcome]:
-        outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+        outcomes, created = PostgresEnqueue._enqueue_slow(self, conn, specs, on_conflict)
         at = min((r[1] for r in created), default=None)
         if at is not None:
             # Delivered when the caller commits, never on rollback. Unconditional:
@@ -178,7 +182,7 @@ class Enqueueing:
             )
         try:
             created = cur.execute(
-                self._sql.insert, Enqueueing._insert_params(self, list(final.values()))
+                self._sql.insert, PostgresEnqueue._insert_params(self, list(final.values()))
             ).fetchall()
         except psycopg.errors.UniqueViolation as exc:
             raise JobConflict(

@@ -38,8 +38,8 @@ from delayq.backends._common import (
     stale_claim,
     undecodable_error,
 )
-from delayq.backends._schedules import MemorySchedules
 from delayq.backends.base import Completion
+from delayq.backends.memory._schedules import MemorySchedules
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
 from delayq.errors import ConfigurationError, JobConflict, QueueClosed, StaleClaim
