@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from delayq._validate import (
@@ -20,8 +21,8 @@ from delayq._validate import (
 )
 from delayq.backends.base import Completion
 from delayq.clock import Clock, SystemClock
-from delayq.errors import InvalidOption, InvalidPayload, StaleClaim
-from delayq.job import Claim, Job, JobSpec, JobState
+from delayq.errors import InvalidOption, InvalidPayload, JobConflict, StaleClaim
+from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
 
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_ERROR_CHARS",
+    "MAX_QUEUE_NAME",
     "PURGE_BATCH",
     "RELEASED_NOTE",
     "TTL_STATES",
@@ -41,15 +43,18 @@ __all__ = [
     "check_limit",
     "check_list_cursor",
     "check_max_wait",
+    "check_queue_name",
     "check_result_ttl",
     "check_run_at",
     "check_spec",
     "check_when",
     "clip_error",
     "complete_then_claim",
+    "conflict_error",
     "encode_backoff",
     "filtered_page",
     "readable_json",
+    "resolve_conflicts",
     "undecodable_error",
     "format_time",
     "lease_expired_error",
@@ -402,3 +407,85 @@ class CompletesInBatches(CompletesAndClaims):
         [stale] = self.complete([completion])
         if stale is not None:
             raise stale
+
+
+MAX_QUEUE_NAME = 200
+"""The longest queue name (characters): RabbitMQ names are at most 255 bytes,
+and the store adds a prefix and a suffix to it."""
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_:-]+(?:\.[A-Za-z0-9_:-]+)*")
+
+
+def check_queue_name(queue: object) -> str:
+    """``queue`` if every store can keep it as a queue name, else :class:`InvalidOption`.
+
+    1-200 characters of ASCII letters, digits, ``_``, ``-`` and ``:``, in
+    words joined by single dots. The narrowest store sets the rule so a name
+    moves between stores: RabbitMQ routes on it (dots split the words of a
+    topic routing key; ``*`` and ``#`` are its wildcards), Redis puts it in a
+    ``{hash tag}`` (no braces), and plain ASCII keeps the byte length of every
+    protocol's limit equal to the character count.
+    """
+    if (
+        not isinstance(queue, str)
+        or len(queue) > MAX_QUEUE_NAME
+        or not _QUEUE_NAME.fullmatch(queue)
+    ):
+        raise InvalidOption(
+            f"queue must be 1-{MAX_QUEUE_NAME} characters of letters, digits, '_', '-' and ':' "
+            f"in words joined by single dots, got {queue!r}"
+        )
+    return queue
+
+
+def conflict_error(job_id: str, state: str, on_conflict: str, *, note: str = "") -> JobConflict:
+    """The ONE message of an enqueue that ``on_conflict`` refuses: ``state`` is
+    the stored job's state (its value), ``note`` is added at the end."""
+    if state == JobState.RUNNING and on_conflict == "replace":
+        return JobConflict(
+            f"job {job_id!r} is running and cannot be replaced; "
+            f"cancel is not possible either: wait for it to finish{note}"
+        )
+    return JobConflict(
+        f"job {job_id!r} already exists ({state}); pass "
+        f"on_conflict='keep' or 'replace' to accept an existing id{note}"
+    )
+
+
+def resolve_conflicts(
+    specs: Sequence[JobSpec], existing: Mapping[str, JobState], on_conflict: str
+) -> tuple[list[EnqueueOutcome], dict[str, JobSpec]]:
+    """The ``on_conflict`` decision table for a whole batch, decided before anything is stored.
+
+    ``existing`` maps the batch's ids that are stored (and not expired) to their
+    state. Returns each spec's outcome and the specs to store by id, in the
+    order of their last appearance (a replaced job takes its latest place:
+    FIFO); an id given twice meets its earlier spec as a scheduled job.
+
+    ==============  ===========  ===================================
+    stored state    keep         reject / replace
+    ==============  ===========  ===================================
+    none            CREATED      CREATED
+    running         KEPT         JobConflict (replace cannot either)
+    any other       KEPT         JobConflict / REPLACED
+    ==============  ===========  ===================================
+
+    Raises :class:`JobConflict` (see :func:`conflict_error`) before anything is
+    decided for storing, so a refused batch stores nothing.
+    """
+    outcomes: list[EnqueueOutcome] = []
+    final: dict[str, JobSpec] = {}
+    for spec in specs:
+        state = JobState.SCHEDULED if spec.id in final else existing.get(spec.id)
+        if state is None:
+            outcomes.append(EnqueueOutcome.CREATED)
+        elif on_conflict == "keep":
+            outcomes.append(EnqueueOutcome.KEPT)
+            continue
+        elif on_conflict == "reject" or state is JobState.RUNNING:
+            raise conflict_error(spec.id, state, on_conflict)
+        else:
+            outcomes.append(EnqueueOutcome.REPLACED)
+        final.pop(spec.id, None)
+        final[spec.id] = spec
+    return outcomes, final

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
-from delayq.backends._common import TTL_STATES, check_spec
+from delayq.backends._common import TTL_STATES, check_spec, resolve_conflicts
 from delayq.backends.postgres._connection import caller_connection, mapped
 from delayq.backends.postgres._sql import CUTOFF, Statements
 from delayq.errors import InvalidOption, JobConflict
@@ -145,33 +145,12 @@ class PostgresEnqueue:
                 self._params(ids=ids),
             ).fetchall()
         }
-        outcomes: list[EnqueueOutcome] = []
-        seen: dict[str, JobState] = {}
-        final: dict[str, JobSpec] = {}
-        for spec in specs:
-            state = seen.get(spec.id)
-            if state is None and spec.id in existing:
-                found, old = existing[spec.id]
-                state = None if old and found in TTL_STATES else found  # expired: gone
-            if state is None:
-                outcomes.append(EnqueueOutcome.CREATED)
-            elif on_conflict == "keep":
-                outcomes.append(EnqueueOutcome.KEPT)
-                continue
-            elif on_conflict == "reject":
-                raise JobConflict(
-                    f"job {spec.id!r} already exists ({state.value}); pass "
-                    f"on_conflict='keep' or 'replace' to accept an existing id"
-                )
-            elif state is JobState.RUNNING:
-                raise JobConflict(
-                    f"job {spec.id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
-            else:
-                outcomes.append(EnqueueOutcome.REPLACED)
-            seen[spec.id] = JobState.SCHEDULED
-            final[spec.id] = spec
+        stored = {
+            job_id: state
+            for job_id, (state, old) in existing.items()
+            if not (old and state in TTL_STATES)  # expired: gone
+        }
+        outcomes, final = resolve_conflicts(specs, stored, on_conflict)
         if not final:
             return outcomes, []
         doomed = [i for i in final if i in existing]

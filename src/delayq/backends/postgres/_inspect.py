@@ -113,16 +113,7 @@ class PostgresInspection:
         counts: dict[str, int] = dict(self._read("counting jobs", self._sql.stats, self._params()))
         due = self._read("counting due jobs", self._sql.due_count, self._params())[0][0]
         head = self._read("reading the next due time", self._sql.head, self._params())
-        return Stats(
-            scheduled=counts.get("scheduled", 0),
-            due=due,
-            running=counts.get("running", 0),
-            succeeded=counts.get("succeeded", 0),
-            dead=counts.get("dead", 0),
-            cancelled=counts.get("cancelled", 0),
-            skipped=counts.get("skipped", 0),
-            next_due=head[0][0] if head else None,
-        )
+        return Stats.from_counts(counts, due=due, next_due=head[0][0] if head else None)
 
     def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

@@ -26,9 +26,11 @@ from delayq.backends._common import (
     CompletesInBatches,
     check_dead_ttl,
     check_max_wait,
+    check_queue_name,
     check_result_ttl,
     check_when,
 )
+from delayq.backends._urls import UrlOptions, keyword_defaults
 from delayq.backends.postgres import _schema
 from delayq.backends.postgres._claims import PostgresClaims
 from delayq.backends.postgres._connection import mapped, mask, split_url
@@ -118,24 +120,23 @@ class PostgresBackend(
         synchronous_commit: str = "on",
     ) -> None:
         conninfo, options = split_url(url)
-        queue = options.get("queue", queue)
-        schema = _schema.check_schema_name(options.get("schema", schema))
-        migrate = options.get("migrate", migrate)
-        pool_size = options.get("pool_size", pool_size)
-        synchronous_commit = options.get("synchronous_commit", synchronous_commit)
+        given = UrlOptions(url, options, _KEYWORD_DEFAULTS)
+        queue = check_queue_name(given.pick("queue", queue))
+        schema = _schema.check_schema_name(given.pick("schema", schema))
+        migrate = given.pick("migrate", migrate)
+        pool_size = given.pick("pool_size", pool_size)
+        synchronous_commit = given.pick("synchronous_commit", synchronous_commit)
         if synchronous_commit not in ("on", "off"):
             raise InvalidOption(
                 f"synchronous_commit must be 'on' or 'off', got {synchronous_commit!r}"
             )
-        if not isinstance(queue, str) or not queue or len(queue) > 200:
-            raise InvalidOption(f"queue must be a non-empty str (at most 200), got {queue!r}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise InvalidOption(f"pool_size must be an int >= 1, got {pool_size!r}")
-        dead_ttl = options.get("dead_ttl", dead_ttl)
+        dead_ttl = given.pick("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue
         self.schema = schema
-        self._result_ttl = check_result_ttl(options.get("result_ttl", result_ttl))
+        self._result_ttl = check_result_ttl(given.pick("result_ttl", result_ttl))
         self._dead_ttl = check_dead_ttl(dead_ttl)
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._fake = self._clock is not SYSTEM_CLOCK
@@ -419,3 +420,7 @@ class PostgresBackend(
         """Bring the schema to this delayq's version; ``(before, after)``."""
         with self._conn("migrating") as conn:
             return _schema.migrate(conn, self.schema)
+
+
+_KEYWORD_DEFAULTS = keyword_defaults(PostgresBackend.__init__)
+"""A keyword at its default counts as not given next to a URL option (backends._urls)."""

@@ -17,13 +17,15 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from delayq.backends import _urls as urls
+from delayq.backends._urls import mask
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 
 __all__ = [
@@ -160,45 +162,9 @@ FLAGGED_SCRIPTS = {name: _flagged(name) for name in SCRIPT_NAMES}
 """Each script's text as loaded on Redis 7 and later: its flags line first."""
 
 
-def _unsplit(parts: SplitResult) -> str:
-    """``urlunsplit``, keeping the ``//`` of ``unix:///path`` (an empty host)."""
-    url = urlunsplit(parts)
-    if parts.scheme == "unix" and not parts.netloc and not url.startswith("unix://"):
-        url = "unix://" + url.removeprefix("unix:")
-    return url
-
-
-def mask(url: str) -> str:
-    """``url`` with its passwords (``user:pw@`` and ``?password=``) replaced by ``***``
-    (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        parts = parts._replace(netloc=f"{user}:***@{netloc}")
-    if "password" in parts.query.lower():
-        query = [
-            (name, "***" if "password" in name.lower() else value)
-            for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        ]
-        parts = parts._replace(query=urlencode(query, safe="*"))
-    return _unsplit(parts)
-
-
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Take delayq's own options (``?queue=...``) out of a Redis URL."""
-    parts = urlsplit(url)
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _URL_OPTIONS:
-            try:
-                ours[name] = _URL_OPTIONS[name](value)
-            except ValueError as exc:
-                raise ConfigurationError(f"bad {name}={value!r} in Redis URL: {exc}") from exc
-        else:
-            theirs.append((name, value))
-    return _unsplit(parts._replace(query=urlencode(theirs))), ours
+    return urls.split_url(url, _URL_OPTIONS, store="Redis")
 
 
 def mapped_error(exc: redis.RedisError, url: str) -> BackendError:
