@@ -20,6 +20,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
+import delayq.backends.postgres._schema as schemas
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
@@ -31,7 +32,6 @@ from delayq.backends._common import (
     check_when,
 )
 from delayq.backends._urls import UrlOptions, keyword_defaults
-from delayq.backends.postgres import _schema
 from delayq.backends.postgres._claims import PostgresClaims
 from delayq.backends.postgres._connection import mapped, mask, split_url
 from delayq.backends.postgres._enqueue import PostgresEnqueue
@@ -109,7 +109,7 @@ class PostgresBackend(
         url: str = "postgresql://postgres@127.0.0.1:5432/postgres",
         *,
         queue: str = DEFAULT_QUEUE,
-        schema: str = _schema.DEFAULT_SCHEMA,
+        schema: str = schemas.DEFAULT_SCHEMA,
         migrate: bool = True,
         result_ttl: float = DEFAULT_RESULT_TTL,
         dead_ttl: float | None = None,
@@ -122,7 +122,7 @@ class PostgresBackend(
         conninfo, options = split_url(url)
         given = UrlOptions(url, options, _KEYWORD_DEFAULTS)
         queue = check_queue_name(given.pick("queue", queue))
-        schema = _schema.check_schema_name(given.pick("schema", schema))
+        schema = schemas.check_schema_name(given.pick("schema", schema))
         migrate = given.pick("migrate", migrate)
         pool_size = given.pick("pool_size", pool_size)
         synchronous_commit = given.pick("synchronous_commit", synchronous_commit)
@@ -178,9 +178,9 @@ class PostgresBackend(
                 self._pool.open(wait=True, timeout=self._timeout)
             with self._conn("preparing the schema") as conn:
                 if migrate:
-                    _schema.migrate(conn, schema)
+                    schemas.migrate(conn, schema)
                 else:
-                    _schema.check_version(conn, schema)
+                    schemas.check_version(conn, schema)
         except BaseException:
             self._pool.close()
             raise
@@ -419,7 +419,7 @@ class PostgresBackend(
     def migrate(self) -> tuple[int, int]:
         """Bring the schema to this delayq's version; ``(before, after)``."""
         with self._conn("migrating") as conn:
-            return _schema.migrate(conn, self.schema)
+            return schemas.migrate(conn, self.schema)
 
 
 _KEYWORD_DEFAULTS = keyword_defaults(PostgresBackend.__init__)

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
+import delayq.backends.sqlite._ops as ops
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
@@ -35,7 +36,6 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
-from delayq.backends.sqlite import _ops as ops
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
