@@ -24,9 +24,9 @@ from delayq._validate import (
     check_datetime,
     check_duration,
     check_job_id,
+    check_list_cursor,
     utf8_problem,
 )
-from delayq.backends._common import check_list_cursor
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.codec import encode_payload
 from delayq.errors import ConfigurationError, InvalidDelay, InvalidInput, InvalidOption

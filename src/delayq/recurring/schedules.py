@@ -19,8 +19,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from delayq._validate import MAX_DELAY, check_datetime, check_duration, check_seconds
-from delayq.backends._schedules import check_schedule_name
+from delayq._validate import (
+    MAX_DELAY,
+    check_datetime,
+    check_duration,
+    check_schedule_name,
+    check_seconds,
+)
 from delayq.backends.base import Backend, ScheduleStore
 from delayq.clock import Clock
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
