@@ -42,7 +42,7 @@ SKIPPED: dict[str, frozenset[str]] = {
         }
     ),
     # flow control is not in these stores yet
-    "sqlite": FLOW_CONTROL,
+    "sqlite": frozenset(),
     "redis": FLOW_CONTROL,
     "postgres": FLOW_CONTROL,
     "rabbitmq": frozenset(
