@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from delayq._present import job_dict
 from delayq.app import DelayQ
+from delayq.backends.memory import MemoryBackend
+from delayq.cli import cli
 from delayq.errors import InvalidOption, Unsupported
 from delayq.flow import Limit, Rate, admit_rate, pick_limit
 from delayq.testing import FakeClock
@@ -52,20 +56,23 @@ def test_bad_flow_fields_fail_at_the_call_naming_the_field(
         app.schedule_many([{"name": "x", **options}])
 
 
-def test_a_store_without_flow_control_refuses_keys_and_limits(tmp_path: Path) -> None:
-    app = DelayQ(f"sqlite:///{tmp_path / 'jobs.db'}")
-    try:
-        if "flow_control" in app._backend.features:
-            pytest.skip("this store has flow control")
-        with pytest.raises(InvalidOption, match="need a store with flow control"):
-            app.schedule("x", key="k")
-        with pytest.raises(InvalidOption, match="need a store with flow control"):
-            app.schedule("x", priority=1)
-        app.schedule("x", priority=0)  # the default is fine everywhere
-        with pytest.raises(Unsupported, match="no flow control"):
-            app.limit("k", concurrency=1)
-    finally:
-        app.close()
+class _PlainStore(MemoryBackend):
+    """A store that does not declare flow control."""
+
+    features = MemoryBackend.features - {"flow_control"}
+
+
+def test_a_store_without_flow_control_refuses_keys_and_limits() -> None:
+    app = DelayQ(backend=_PlainStore())
+    with pytest.raises(InvalidOption, match="need a store with flow control"):
+        app.schedule("x", key="k")
+    with pytest.raises(InvalidOption, match="need a store with flow control"):
+        app.schedule("x", priority=1)
+    with pytest.raises(InvalidOption, match=r"jobs\[0\]: key=, priority= and group= need"):
+        app.schedule_many([{"name": "x", "group": "g"}])
+    app.schedule("x", priority=0)  # the default is fine everywhere
+    with pytest.raises(Unsupported, match="no flow control"):
+        app.limit("k", concurrency=1)
 
 
 def test_limits_are_stored_replaced_listed_and_removed(app: DelayQ) -> None:
@@ -171,3 +178,28 @@ def test_the_cell_rate_algorithm_never_starts_more_than_count_plus_burst_per_per
         in_window = [s for s in starts[i:] if s < start + 1.0]
         assert len(in_window) <= 10 + burst
     assert len(starts) >= 5 * 10  # the steady rate is kept
+
+
+def test_the_cli_sets_lists_and_removes_limits(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    runner = CliRunner()
+    done = runner.invoke(cli, ["--url", url, "limits", "set", "tenant:*", "--concurrency", "2"])
+    assert done.exit_code == 0, done.output
+    assert "tenant:*: concurrency 2" in done.output
+    runner.invoke(cli, ["--url", url, "limits", "set", "api", "--rate", "100/s", "--burst", "5"])
+    listed = runner.invoke(cli, ["--url", url, "limits", "ls"])
+    assert listed.output.splitlines() == ["api: rate 100/s burst 5", "tenant:*: concurrency 2"]
+    bad = runner.invoke(cli, ["--url", url, "limits", "set", "x", "--rate", "fast"])
+    assert bad.exit_code == 2 and "rate must be <count>/<unit>" in bad.output
+    assert runner.invoke(cli, ["--url", url, "limits", "rm", "api"]).exit_code == 0
+    assert runner.invoke(cli, ["--url", url, "limits", "rm", "api"]).exit_code == 1
+
+
+def test_get_shows_a_throttled_job_until_when(app: DelayQ) -> None:
+    app.limit("api", rate="1/m")
+    first, second = app.schedule("x", key="api"), app.schedule("x", key="api")
+    claims = app._backend.claim(limit=2, lease=30)
+    assert [c.job.id for c in claims] == [first]
+    shown = job_dict(app.get(second))  # type: ignore[arg-type]
+    assert shown["key"] == "api" and shown["throttled_until"] == claims[0].claimed_at + 60
+    assert "key" not in job_dict(app.get(app.schedule("plain")))  # type: ignore[arg-type]
