@@ -5,6 +5,8 @@
 ``record``, which appends one line per run to ``OUTDIR/ran.<pid>``::
 
     <job id> <run_at> <pid> <payload as JSON>
+
+and creates ``OUTDIR/ready.<pid>`` just before the worker starts.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         out.flush()
 
     try:
-        Worker(app, concurrency=2, lease=10.0, grace=5.0).run()
+        worker = Worker(app, concurrency=2, lease=10.0, grace=5.0)
+        (Path(args.outdir) / f"ready.{pid}").touch()
+        worker.run()
     finally:
         out.close()
         app.close()

@@ -61,6 +61,11 @@ class Cluster:
             )
             for _ in range(3)
         ]
+        # All three are up before a test schedules anything: every occurrence
+        # has three workers competing for it.
+        if not wait_until(lambda: len(list(self.outdir.glob("ready.*"))) == 3, DEADLINE, 0.05):
+            self.stop()
+            raise AssertionError(f"the three workers did not start within {DEADLINE}s")
 
     def runs(self) -> list[Run]:
         found = []
@@ -160,7 +165,6 @@ def exactly_once_then_removed(cluster: Cluster) -> None:
     assert all(n == 1 for n in counts.values()), counts  # exactly once per occurrence
     assert all(r.job_id == occurrence_id("beat", r.run_at) for r in runs)
     assert all(r.run_at <= removed_at for r in runs)  # nothing after the removal
-    assert len({r.pid for r in runs}) >= 2 or len(runs) < 6  # the workers shared them
 
 
 def test_changing_and_pausing_a_schedule_while_workers_run(cluster: Cluster) -> None:
