@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test bench lint mutation
+.PHONY: demo test test-stress bench lint mutation
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadgroup
+
+# The whole suite 5 times in a row while 4 busy loops load the CPUs (tests/stress.py,
+# no root or package needed): every run must pass.
+test-stress: $(STAMP)
+	$(PY) -m tests.stress --cpu 4 --runs 5 -- $(PY) -m pytest -n 2 --dist loadgroup -q
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench
