@@ -89,10 +89,11 @@ def report(prefix: str) -> int:
             for k, v in mine.items()
         )
         judged = counts["killed"] + counts["survived"]
-        score = 100 * counts["killed"] / judged if judged else 100.0
+        score = 100 * counts["killed"] / judged if judged else 0.0
         low = low or score < 95
         rest = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()) if what != "killed")
-        print(f"{module}: {counts['killed']}/{judged} killed ({score:.1f}%); {rest or 'no others'}")
+        shown = f"{score:.1f}%" if judged else "not scored yet"
+        print(f"{module}: {counts['killed']}/{judged} killed ({shown}); {rest or 'no others'}")
         for name in sorted(k for k, v in mine.items() if k not in same and v in SURVIVED):
             print(f"    survived: {name}")
     for name in stale:
