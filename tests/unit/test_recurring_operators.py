@@ -273,3 +273,17 @@ def test_the_jobs_list_hides_tick_jobs_unless_asked(app: DelayQ, clock: FakeCloc
     assert len(with_ticks) == len(app.list_jobs(limit=500))
     named, _ = views.list_page(app, views.JobFilters.parse({"name": TICK_HANDLER}))
     assert named and all(j.name == TICK_HANDLER for j in named)
+
+
+def test_records_leave_new_fields_out_at_their_defaults_and_ignore_unknown_ones() -> None:
+    import json  # noqa: PLC0415
+
+    from delayq.backends.base import ScheduleRecord  # noqa: PLC0415
+    from delayq.recurring import Schedule  # noqa: PLC0415
+
+    schedule = Schedule(name="x", handler="x", every=60.0, anchor=T0)
+    data = json.loads(schedule.to_json())
+    assert "overlap" not in data and "generation" not in data  # an older delayq reads it
+    data["from_the_future"] = 1
+    read = Schedule.from_record(ScheduleRecord("x", json.dumps(data), 3))
+    assert read.same_definition(schedule) and read.version == 3

@@ -279,11 +279,12 @@ class Chain:
             # (The generation tells a schedule removed and created again, whose
             # record version starts again at 1.)
             latest = self.store.get_schedule(schedule.name)
-            fresh = None if latest is None else Schedule.from_record(latest)
-            if fresh is None or (fresh.version, fresh.generation) != (
-                schedule.version,
-                schedule.generation,
+            if (
+                latest is None
+                or latest.version != schedule.version
+                or Schedule.generation_of(latest) != schedule.generation
             ):
+                fresh = None if latest is None else Schedule.from_record(latest)
                 self._settle(schedule, fresh, now, runs)
         return replace(decision, runs=runs)
 

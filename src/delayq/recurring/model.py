@@ -263,7 +263,19 @@ class Schedule:
     def to_json(self) -> str:
         data = asdict(self)
         del data["version"], data["name"]
+        for key, default in _OPTIONAL.items():  # left out at their defaults, so a
+            if data[key] == default:  # delayq that predates them reads the record
+                del data[key]
         return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def generation_of(record: ScheduleRecord) -> str:
+        """The generation of a stored record, without reading the rest of it."""
+        try:
+            data = json.loads(record.data)
+        except ValueError:
+            return ""
+        return str(data.get("generation", "")) if isinstance(data, dict) else ""
 
     @classmethod
     def from_record(cls, record: ScheduleRecord) -> Schedule:
@@ -415,6 +427,7 @@ class Schedule:
 
 
 _FIELDS = frozenset(Schedule.__dataclass_fields__) - {"name", "version"}
+_OPTIONAL = {"overlap": "allow", "generation": ""}
 
 
 @dataclass(frozen=True, slots=True)
