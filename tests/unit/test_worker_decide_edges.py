@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
 from delayq.backends.base import Completion
@@ -12,6 +14,7 @@ from delayq.worker._decide import (
     Decision,
     _cut,
     decide,
+    format_error,
     timeout_error,
 )
 from tests.unit.test_worker_decide import T0, claim
@@ -126,3 +129,14 @@ def test_a_timeout_error_says_the_attempt_failed_and_the_thread_is_left() -> Non
         "HandlerTimeout: handler 'mail' ran past its timeout of 2.5s; the attempt counts as "
         "failed (a sync handler's thread is left to finish and its result ignored)"
     )
+
+
+def test_an_error_text_is_the_whole_traceback_without_its_final_newline() -> None:
+    error = ValueError("boom")
+    try:
+        raise error
+    except ValueError:
+        text = format_error(error)
+    assert text == "".join(traceback.format_exception(error)).rstrip("\n")
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert text.endswith("\nValueError: boom")
