@@ -290,3 +290,17 @@ def test_two_handles_share_the_limits(
     assert len(a) + len(b) == 2
     limits(two).put_limit(Limit("k", concurrency=3), version=1)
     assert len(one.claim(limit=5, lease=LEASE, now=t0)) == 1
+
+
+@needs_flow
+def test_a_freed_slot_wakes_a_worker_waiting_for_it(backend: Backend, clock: FakeClock) -> None:
+    limits(backend).put_limit(Limit("k", concurrency=1), version=0)
+    t0 = clock.time()
+    backend.enqueue([keyed("first", t0, "k"), keyed("parked", t0, "k")])
+    [first] = backend.claim(limit=2, lease=LEASE, now=t0)
+    waiter = threading.Thread(target=backend.wait_for_due, args=(600.0,))
+    waiter.start()
+    backend.ack(first)
+    waiter.join(timeout=60)  # woken by the ack, not by the 600 s max_wait
+    assert not waiter.is_alive()
+    assert ids(backend.claim(limit=2, lease=LEASE, now=t0)) == ["parked"]

@@ -328,6 +328,8 @@ def complete_items(
             continue
         results.append(None)
         run_at = item.claim.job.run_at if item.released else item.run_at
+        if item.claim.job.key is not None:  # a slot freed: a job parked for it may go now
+            run_at = now if run_at is None else min(run_at, now)
         if run_at is not None:
             earliest = run_at if earliest is None else min(earliest, run_at)
     return results, earliest
