@@ -36,10 +36,14 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol, TypeVar
 
 from delayq._validate import (
+    MAX_ATTEMPTS,
+    MAX_DELAY,
     check_datetime,
+    check_duration,
+    check_int,
     check_job_id,
+    check_limit,
     check_option_seconds,
-    check_seconds,
     utf8_problem,
 )
 from delayq.backends import Backend, open_backend
@@ -71,13 +75,7 @@ log = logging.getLogger("delayq.app")
 URL_ENV = "DELAYQ_URL"
 """Environment variable read by ``DelayQ()`` (and the CLI) when no URL is given."""
 
-MAX_DELAY = 100 * 365.25 * 86400.0
-"""The furthest a job may be scheduled ahead: 100 years, in seconds."""
-
 MAX_NAME_LENGTH = 200
-
-MAX_ATTEMPTS = 2**31 - 1
-"""The largest ``max_attempts``: every store keeps it as a 32-bit signed int."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -344,10 +342,7 @@ class DelayQ:
         rng: random.Random | None = None,
         **backend_options: Any,
     ) -> None:
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
-            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes!r}")
-        if max_payload_bytes < 1:
-            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes}")
+        check_int(max_payload_bytes, "max_payload_bytes", minimum=1)
         self.clock = clock
         self.max_payload_bytes = max_payload_bytes
         self._default_max_attempts = self._check_max_attempts(max_attempts)
@@ -769,7 +764,7 @@ class DelayQ:
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
             due_before=None if due_before is None else check_datetime(due_before, "due_before"),
-            limit=self._check_limit(limit),
+            limit=check_limit(limit),
             **extra,
         )
 
@@ -779,7 +774,7 @@ class DelayQ:
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         """Dead jobs with their last error, most recently buried first."""
-        return self._backend.dead_letters(limit=self._check_limit(limit))
+        return self._backend.dead_letters(limit=check_limit(limit))
 
     def requeue(
         self,
@@ -815,7 +810,7 @@ class DelayQ:
         ids = None if job_ids is None else [check_job_id(j) for j in self._id_list(job_ids)]
         cutoff = None
         if older_than is not None:
-            age = self._seconds(older_than, "older_than")
+            age = check_duration(older_than, "older_than")
             if age < 0:
                 raise InvalidOption(f"older_than must be >= 0 seconds, got {older_than!r}")
             cutoff = self.clock.time() - age
@@ -933,12 +928,6 @@ class DelayQ:
                         pass  # a lone surrogate: the checked path names where
         return encode_payload(payload, max_bytes=self.max_payload_bytes)
 
-    @staticmethod
-    def _seconds(value: object, field: str) -> float:
-        if isinstance(value, timedelta):
-            return value.total_seconds()
-        return check_seconds(value, field)
-
     def _run_at(self, delay: object, at: object, now: float) -> float:
         if at is None and (type(delay) is float or (type(delay) is int and -1e300 < delay < 1e300)):
             # The hot path (a plain number of seconds); anything unusual below.
@@ -951,7 +940,7 @@ class DelayQ:
                 "epoch seconds)"
             )
         if delay is not None:
-            seconds = self._seconds(delay, "delay")
+            seconds = check_duration(delay, "delay")
             if seconds > MAX_DELAY:
                 raise InvalidDelay(
                     f"delay must be at most {MAX_DELAY:.0f} seconds (100 years), got {delay!r}"
@@ -966,13 +955,7 @@ class DelayQ:
 
     @staticmethod
     def _check_max_attempts(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOption(f"max_attempts must be an int >= 1, got {value!r}")
-        if not 1 <= value <= MAX_ATTEMPTS:
-            raise InvalidOption(
-                f"max_attempts must be an int >= 1 and <= {MAX_ATTEMPTS}, got {value}"
-            )
-        return value
+        return check_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS)
 
     @staticmethod
     def _id_list(job_ids: object) -> Iterable[object]:
@@ -994,12 +977,6 @@ class DelayQ:
     def _cursor(after: object) -> tuple[float, str] | None:
         cursor = check_list_cursor(after)
         return None if cursor is None else (cursor[0], check_job_id(cursor[1]))
-
-    @staticmethod
-    def _check_limit(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidOption(f"limit must be an int >= 1, got {value!r}")
-        return value
 
     @staticmethod
     def _backoff_spec(value: object) -> dict[str, Any]:

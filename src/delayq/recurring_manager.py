@@ -16,10 +16,9 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from delayq._validate import check_datetime, check_seconds
+from delayq._validate import MAX_DELAY, check_datetime, check_duration, check_seconds
 from delayq.backends._schedules import check_schedule_name
 from delayq.backends.base import ScheduleStore
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
@@ -50,7 +49,6 @@ _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
 # an edit settles those within twice that, for a producer clock a little behind.
 _SETTLE_WINDOW = 2 * LEAD
 _SETTLE_MAX = 100
-_MAX_EVERY = 100 * 365.25 * 86400
 
 
 class RecurringSchedules:
@@ -112,14 +110,14 @@ class RecurringSchedules:
             raise InvalidOption(f"end must not be before start, got start={start!r} end={end!r}")
         interval = None
         if every is not None:
-            interval = round(self._seconds(every, "every"), 3)
-            if not MIN_EVERY <= interval <= _MAX_EVERY:
+            interval = round(check_duration(every, "every"), 3)
+            if not MIN_EVERY <= interval <= MAX_DELAY:
                 raise InvalidOption(
                     f"every must be at least {MIN_EVERY} second and at most 100 years, "
                     f"got {every!r}"
                 )
         expr = None if cron is None else check_cron(cron, zone, now)
-        spread = self._seconds(jitter, "jitter")
+        spread = check_duration(jitter, "jitter")
         if spread < 0:
             raise InvalidOption(f"jitter must be >= 0 seconds, got {jitter!r}")
         # One checked spec gives the handler name, payload text and job options
@@ -150,12 +148,6 @@ class RecurringSchedules:
             not_before=now,
             anchor=anchor,
         )
-
-    @staticmethod
-    def _seconds(value: object, field_name: str) -> float:
-        if isinstance(value, timedelta):
-            return value.total_seconds()
-        return check_seconds(value, field_name)
 
     def add(self, name: object, **definition: Any) -> Schedule:
         """Store the schedule (create it, or change it to this definition); see

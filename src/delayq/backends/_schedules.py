@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from delayq._validate import utf8_problem
+from delayq._validate import check_int, utf8_problem
 from delayq.backends.base import ScheduleRecord
 from delayq.errors import InvalidOption
 
@@ -51,9 +51,7 @@ def check_schedule_args(name: object, data: object, version: object) -> tuple[st
 
 def check_version(version: object) -> int:
     """A record version for compare-and-set: an int >= 0 (0 = no record)."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise InvalidOption(f"version must be an int >= 0 (0: no record yet), got {version!r}")
-    return version
+    return check_int(version, "version", minimum=0, note=" (0: no record yet)")
 
 
 class MemorySchedules:

@@ -20,7 +20,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     CompletesInBatches,
@@ -127,8 +127,7 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
             )
         if not isinstance(queue, str) or not queue or len(queue) > 200:
             raise InvalidOption(f"queue must be a non-empty str (at most 200), got {queue!r}")
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-            raise InvalidOption(f"pool_size must be an int >= 1, got {pool_size!r}")
+        check_int(pool_size, "pool_size", minimum=1)
         dead_ttl = options.get("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue
