@@ -255,7 +255,7 @@ def check_spec(spec: object) -> JobSpec:
     try:
         check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
     except InvalidOption as exc:
-        raise InvalidOption(f"job {job_id!r}: {exc}") from None
+        raise InvalidOption(f"job {job_id!r}: {exc}") from exc
     if spec.delay is None:
         check_run_at(spec.run_at)
     else:
