@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from numbers import Real
 
 from delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
@@ -148,3 +148,65 @@ def check_job_id(value: object) -> str:
     if problem is not None:
         raise InvalidJobId(f"job_id {problem}: {value!r}")
     return value
+
+
+# -- shared by the stores and the layers above them ---------------------------------
+def finite_number(value: object) -> float | None:
+    """``value`` as a finite float, or None if it is not a finite real number (bool excluded)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_run_at(run_at: object, name: str = "run_at") -> float:
+    seconds = finite_number(run_at)
+    if seconds is None:
+        raise InvalidDelay(f"{name} must be finite epoch seconds, got {run_at!r}")
+    return seconds
+
+
+def check_list_cursor(after: object) -> tuple[float, str] | None:
+    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
+    of the previous page, or None."""
+    if after is None:
+        return None
+    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
+        raise InvalidOption(
+            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
+        )
+    return check_run_at(after[0], "after[0] (run_at)"), after[1]
+
+
+def format_time(epoch: float) -> str:
+    """Epoch seconds as a readable UTC timestamp (for error messages)."""
+    try:
+        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return repr(epoch)
+
+
+MAX_SCHEDULE_NAME = 160
+"""The longest schedule name: its occurrence and tick job ids (name + time) must
+stay within the 255 characters of a job id."""
+
+
+def check_schedule_name(name: object) -> str:
+    """``name`` if it can name a schedule, else :class:`~delayq.errors.InvalidOption`."""
+    if not isinstance(name, str):
+        raise InvalidOption(f"schedule name must be a str, got {type(name).__name__}")
+    if not name.strip():
+        raise InvalidOption(f"schedule name must not be empty, got {name!r}")
+    if len(name) > MAX_SCHEDULE_NAME:
+        raise InvalidOption(
+            f"schedule name is {len(name)} characters; at most {MAX_SCHEDULE_NAME} are allowed"
+        )
+    if any(ord(ch) < 32 or ord(ch) == 127 or 0x80 <= ord(ch) < 0xA0 for ch in name):
+        raise InvalidOption(f"schedule name must not contain control characters, got {name!r}")
+    problem = utf8_problem(name)
+    if problem is not None:
+        raise InvalidOption(f"schedule name {problem}")
+    return name

@@ -43,11 +43,11 @@ from delayq._validate import (
     check_int,
     check_job_id,
     check_limit,
+    check_list_cursor,
     check_option_seconds,
     utf8_problem,
 )
 from delayq.backends import Backend, open_backend
-from delayq.backends._common import check_list_cursor
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload

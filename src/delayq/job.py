@@ -6,6 +6,7 @@ are wall-clock epoch seconds on the deciding clock (the backend's).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -262,6 +263,20 @@ class Stats:
     cancelled: int = 0
     skipped: int = 0
     next_due: float | None = None
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], *, due: int, next_due: float | None) -> Stats:
+        """Stats from a count per state (keyed by state value; a missing state is 0)."""
+        return cls(
+            scheduled=int(counts.get("scheduled", 0)),
+            due=int(due),
+            running=int(counts.get("running", 0)),
+            succeeded=int(counts.get("succeeded", 0)),
+            dead=int(counts.get("dead", 0)),
+            cancelled=int(counts.get("cancelled", 0)),
+            skipped=int(counts.get("skipped", 0)),
+            next_due=next_due,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

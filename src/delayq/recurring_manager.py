@@ -18,8 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from delayq._validate import MAX_DELAY, check_datetime, check_duration, check_seconds
-from delayq.backends._schedules import check_schedule_name
+from delayq._validate import (
+    MAX_DELAY,
+    check_datetime,
+    check_duration,
+    check_schedule_name,
+    check_seconds,
+)
 from delayq.backends.base import ScheduleStore
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState

@@ -14,8 +14,8 @@ import pytest
 from delayq import DelayQ
 from delayq.backends import open_backend
 from delayq.backends.postgres import SCHEMA_VERSION, PostgresBackend
-from delayq.backends.postgres import schema as pg_schema_module
-from delayq.backends.postgres.sql import Statements
+from delayq.backends.postgres import _schema as pg_schema_module
+from delayq.backends.postgres._sql import Statements
 from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("pika")
 
-from delayq.backends.rabbitmq._connection import Settings, mask
+from delayq.backends._urls import mask
+from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._topology import (
     BASE_MS,
     LEG,
@@ -18,7 +19,7 @@ from delayq.backends.rabbitmq._topology import (
     ready_key,
     route,
 )
-from delayq.errors import ConfigurationError, InvalidDelay
+from delayq.errors import ConfigurationError, InvalidDelay, InvalidOption
 
 TOPO = Topology("orders")
 
@@ -79,12 +80,18 @@ def test_url_options_are_read_and_kept_out_of_the_pika_url() -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "options"),
+    [("amqp://h/", {"queue": "a*b"}), ("amqp://h/", {"queue": ""}), ("amqp://h/?queue=x.#", {})],
+)
+def test_bad_queue_names_are_invalid_options(url: str, options: dict[str, object]) -> None:
+    with pytest.raises(InvalidOption, match="queue must be"):
+        Settings.parse(url, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
     ("url", "options", "match"),
     [
         ("redis://h/0", {}, "amqp://"),
-        ("amqp://h/", {"queue": "a*b"}, "queue must be"),
-        ("amqp://h/", {"queue": ""}, "queue must be"),
-        ("amqp://h/?queue=x.#", {}, "queue must be"),
         ("amqp://h/", {"queue_type": "stream"}, "queue_type"),
         ("amqp://h/?prefetch=0", {}, "prefetch"),
         ("amqp://h/", {"prefetch": True}, "prefetch"),

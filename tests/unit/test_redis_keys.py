@@ -65,7 +65,7 @@ def test_the_prefix_comes_before_the_hash_tag() -> None:
 
 @pytest.mark.parametrize("name", ["_lib", *SCRIPT_NAMES])
 def test_every_script_starts_with_its_keys_and_argv(name: str) -> None:
-    text = (resources.files("delayq.backends.redis") / f"{name}.lua").read_text()
+    text = (resources.files("delayq.backends.redis") / "lua" / f"{name}.lua").read_text()
     header = text.split("\n\n", 1)[0]
     assert header.startswith("-- ")
     assert "KEYS[1" in header and "ARGV[1" in header

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from delayq.backends import _wake as wake_module
 from delayq.backends import open_backend
 from delayq.backends import sqlite as sqlite_module
-from delayq.backends._wake import WakeChannel, wake_directory
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.backends.sqlite import _ops as ops_module
 from delayq.backends.sqlite import _schema as schema_module
+from delayq.backends.sqlite import _wake as wake_module
+from delayq.backends.sqlite._wake import WakeChannel, wake_directory
 from delayq.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -272,7 +272,7 @@ def test_open_backend_memory_url_keeps_jobs_in_the_object(clock: FakeClock) -> N
         backend.close()
 
 
-def test_url_query_options_are_applied_and_keywords_win(tmp_path: Path) -> None:
+def test_url_query_options_are_applied(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/q.db?synchronous=normal&busy_timeout=3"
     backend = SQLiteBackend.from_url(url)
     try:
@@ -280,11 +280,12 @@ def test_url_query_options_are_applied_and_keywords_win(tmp_path: Path) -> None:
         assert backend._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 3000
     finally:
         backend.close()
-    backend = SQLiteBackend.from_url(url, synchronous="full")
-    try:
-        assert backend._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
-    finally:
-        backend.close()
+
+
+def test_a_keyword_that_contradicts_the_url_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/q.db?synchronous=normal"
+    with pytest.raises(InvalidOption, match=r"synchronous='full'.*synchronous='normal'"):
+        SQLiteBackend.from_url(url, synchronous="full")
 
 
 @pytest.mark.parametrize(

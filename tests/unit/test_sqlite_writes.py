@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from delayq.backends import memory as memory_module
 from delayq.backends._common import MAX_ERROR_CHARS
 from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
+from delayq.backends.memory import _store as memory_module
 from delayq.backends.sqlite import SQLiteBackend
-from delayq.backends.sqlite import _backend as backend_module
 from delayq.backends.sqlite import _schema as schema_module
+from delayq.backends.sqlite import _store as backend_module
 from delayq.backends.sqlite import _turns as turns_module
 from delayq.backends.sqlite._turns import TurnTimeout, open_turns
 from delayq.errors import BackendUnavailable, InvalidOption, JobConflict, StaleClaim

@@ -16,10 +16,11 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
+from delayq.backends._common import CompletesAndClaims
 from delayq.backends.base import Backend
 from delayq.errors import ConfigurationError, MissingDependency
 
-__all__ = ["DEFAULT_URL", "Backend", "open_backend"]
+__all__ = ["DEFAULT_URL", "Backend", "combines_complete_and_claim", "open_backend"]
 
 DEFAULT_URL = "sqlite:///delayq.db"
 """Used when no URL is given: a SQLite file in the working directory."""
@@ -71,3 +72,13 @@ def open_backend(url: str | None = None, **options: Any) -> Backend:
     module = importlib.import_module(module_name)
     backend: Backend = getattr(module, class_name).from_url(url, **options)
     return backend
+
+
+def combines_complete_and_claim(backend: object) -> bool:
+    """Whether ``backend`` completes a batch and claims in ONE round trip.
+
+    A store without it inherits the default ``complete_and_claim`` (complete,
+    then claim: two calls); a worker gains nothing by pairing them then.
+    """
+    method = getattr(type(backend), "complete_and_claim", None)
+    return method is not None and method is not CompletesAndClaims.complete_and_claim

@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from delayq._validate import MAX_ATTEMPTS, check_int, check_job_id, check_limit, utf8_problem
+from delayq._validate import (
+    MAX_ATTEMPTS,
+    check_int,
+    check_job_id,
+    check_limit,
+    check_list_cursor,
+    check_run_at,
+    finite_number,
+    format_time,
+    utf8_problem,
+)
 from delayq.backends.base import Completion
 from delayq.clock import Clock, SystemClock
-from delayq.errors import InvalidDelay, InvalidOption, InvalidPayload, StaleClaim
-from delayq.job import Claim, Job, JobSpec, JobState
+from delayq.errors import InvalidOption, InvalidPayload, JobConflict, StaleClaim
+from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
 
@@ -26,6 +35,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_ERROR_CHARS",
+    "MAX_QUEUE_NAME",
     "PURGE_BATCH",
     "RELEASED_NOTE",
     "TTL_STATES",
@@ -36,15 +46,18 @@ __all__ = [
     "check_limit",
     "check_list_cursor",
     "check_max_wait",
+    "check_queue_name",
     "check_result_ttl",
     "check_run_at",
     "check_spec",
     "check_when",
     "clip_error",
     "complete_then_claim",
+    "conflict_error",
     "encode_backoff",
     "filtered_page",
     "readable_json",
+    "resolve_conflicts",
     "undecodable_error",
     "format_time",
     "lease_expired_error",
@@ -74,17 +87,6 @@ TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED
 stay until they are purged or requeued on purpose."""
 
 
-def _finite(value: object) -> float | None:
-    """``value`` as a finite float, or None if it is not a finite real number (bool excluded)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int past float's range (10**400)
-        return None
-    return number if math.isfinite(number) else None
-
-
 def check_claim_now(now: object, clock: Clock) -> float | None:
     """``claim(now=...)``: injected time, for tests only.
 
@@ -101,18 +103,6 @@ def check_claim_now(now: object, clock: Clock) -> float | None:
             "(clock=delayq.testing.FakeClock()) to pass now="
         )
     return check_run_at(now, "now")
-
-
-def check_list_cursor(after: object) -> tuple[float, str] | None:
-    """A ``list_jobs(after=)`` keyset cursor: ``(run_at, job_id)`` of the last job
-    of the previous page, or None."""
-    if after is None:
-        return None
-    if not isinstance(after, tuple | list) or len(after) != 2 or not isinstance(after[1], str):
-        raise InvalidOption(
-            f"after must be (run_at, job_id) of the last job of the previous page, got {after!r}"
-        )
-    return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
 def filtered_page(
@@ -149,21 +139,21 @@ def filtered_page(
 
 
 def check_lease(lease: object) -> float:
-    seconds = _finite(lease)
+    seconds = finite_number(lease)
     if seconds is None or seconds <= 0:
         raise InvalidOption(f"lease must be a finite number of seconds > 0, got {lease!r}")
     return seconds
 
 
 def check_max_wait(max_wait: object) -> float:
-    seconds = _finite(max_wait)
+    seconds = finite_number(max_wait)
     if seconds is None or seconds < 0:
         raise InvalidOption(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
     return seconds
 
 
 def check_result_ttl(result_ttl: object) -> float:
-    seconds = _finite(result_ttl)
+    seconds = finite_number(result_ttl)
     if seconds is None or seconds < 0:
         raise InvalidOption(
             f"result_ttl must be a finite number of seconds >= 0, got {result_ttl!r}"
@@ -175,18 +165,11 @@ def check_dead_ttl(dead_ttl: object) -> float | None:
     """Seconds dead letters are kept (None: until purged or requeued)."""
     if dead_ttl is None:
         return None
-    seconds = _finite(dead_ttl)
+    seconds = finite_number(dead_ttl)
     if seconds is None or seconds < 0:
         raise InvalidOption(
             f"dead_ttl must be None or a finite number of seconds >= 0, got {dead_ttl!r}"
         )
-    return seconds
-
-
-def check_run_at(run_at: object, name: str = "run_at") -> float:
-    seconds = _finite(run_at)
-    if seconds is None:
-        raise InvalidDelay(f"{name} must be finite epoch seconds, got {run_at!r}")
     return seconds
 
 
@@ -267,7 +250,7 @@ def check_spec(spec: object) -> JobSpec:
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidOption(f"job {job_id!r}: backoff must be JSON data: {exc}") from exc
     _check_text(spec.misfire, "misfire", job_id)
-    if _finite(spec.created_at) is None:
+    if finite_number(spec.created_at) is None:
         raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
     return spec
 
@@ -315,14 +298,6 @@ def check_ack_state(state: object) -> JobState:
     if state == JobState.SKIPPED:
         return JobState.SKIPPED
     raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
-
-
-def format_time(epoch: float) -> str:
-    """Epoch seconds as a readable UTC timestamp (for error messages)."""
-    try:
-        return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-    except (OverflowError, OSError, ValueError):
-        return repr(epoch)
 
 
 def lease_expired_error(lease_until: float, attempts: int, max_attempts: int) -> str:
@@ -422,3 +397,85 @@ class CompletesInBatches(CompletesAndClaims):
         [stale] = self.complete([completion])
         if stale is not None:
             raise stale
+
+
+MAX_QUEUE_NAME = 200
+"""The longest queue name (characters): RabbitMQ names are at most 255 bytes,
+and the store adds a prefix and a suffix to it."""
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_:-]+(?:\.[A-Za-z0-9_:-]+)*")
+
+
+def check_queue_name(queue: object) -> str:
+    """``queue`` if every store can keep it as a queue name, else :class:`InvalidOption`.
+
+    1-200 characters of ASCII letters, digits, ``_``, ``-`` and ``:``, in
+    words joined by single dots. The narrowest store sets the rule so a name
+    moves between stores: RabbitMQ routes on it (dots split the words of a
+    topic routing key; ``*`` and ``#`` are its wildcards), Redis puts it in a
+    ``{hash tag}`` (no braces), and plain ASCII keeps the byte length of every
+    protocol's limit equal to the character count.
+    """
+    if (
+        not isinstance(queue, str)
+        or len(queue) > MAX_QUEUE_NAME
+        or not _QUEUE_NAME.fullmatch(queue)
+    ):
+        raise InvalidOption(
+            f"queue must be 1-{MAX_QUEUE_NAME} characters of letters, digits, '_', '-' and ':' "
+            f"in words joined by single dots, got {queue!r}"
+        )
+    return queue
+
+
+def conflict_error(job_id: str, state: str, on_conflict: str, *, note: str = "") -> JobConflict:
+    """The ONE message of an enqueue that ``on_conflict`` refuses: ``state`` is
+    the stored job's state (its value), ``note`` is added at the end."""
+    if state == JobState.RUNNING and on_conflict == "replace":
+        return JobConflict(
+            f"job {job_id!r} is running and cannot be replaced; "
+            f"cancel is not possible either: wait for it to finish{note}"
+        )
+    return JobConflict(
+        f"job {job_id!r} already exists ({state}); pass "
+        f"on_conflict='keep' or 'replace' to accept an existing id{note}"
+    )
+
+
+def resolve_conflicts(
+    specs: Sequence[JobSpec], existing: Mapping[str, JobState], on_conflict: str
+) -> tuple[list[EnqueueOutcome], dict[str, JobSpec]]:
+    """The ``on_conflict`` decision table for a whole batch, decided before anything is stored.
+
+    ``existing`` maps the batch's ids that are stored (and not expired) to their
+    state. Returns each spec's outcome and the specs to store by id, in the
+    order of their last appearance (a replaced job takes its latest place:
+    FIFO); an id given twice meets its earlier spec as a scheduled job.
+
+    ==============  ===========  ===================================
+    stored state    keep         reject / replace
+    ==============  ===========  ===================================
+    none            CREATED      CREATED
+    running         KEPT         JobConflict (replace cannot either)
+    any other       KEPT         JobConflict / REPLACED
+    ==============  ===========  ===================================
+
+    Raises :class:`JobConflict` (see :func:`conflict_error`) before anything is
+    decided for storing, so a refused batch stores nothing.
+    """
+    outcomes: list[EnqueueOutcome] = []
+    final: dict[str, JobSpec] = {}
+    for spec in specs:
+        state = JobState.SCHEDULED if spec.id in final else existing.get(spec.id)
+        if state is None:
+            outcomes.append(EnqueueOutcome.CREATED)
+        elif on_conflict == "keep":
+            outcomes.append(EnqueueOutcome.KEPT)
+            continue
+        elif on_conflict == "reject" or state is JobState.RUNNING:
+            raise conflict_error(spec.id, state, on_conflict)
+        else:
+            outcomes.append(EnqueueOutcome.REPLACED)
+        final.pop(spec.id, None)
+        final[spec.id] = spec
+    return outcomes, final

@@ -27,8 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from delayq.backends import Backend
-from delayq.backends._common import CompletesAndClaims
+from delayq.backends import Backend, combines_complete_and_claim
 from delayq.backends.base import Completion
 from delayq.clock import Clock
 from delayq.errors import BackendError, StaleClaim
@@ -82,8 +81,7 @@ class GroupCommitter:
         # Claiming with a commit pays only when the store does both in one round
         # trip; the default (complete, then claim) would only serialise the two
         # calls that the dispatcher otherwise makes in parallel with the commit.
-        method = getattr(type(backend), "complete_and_claim", None)
-        self.combines = method is not None and method is not CompletesAndClaims.complete_and_claim
+        self.combines = combines_complete_and_claim(backend)
         self._complete_and_claim = backend.complete_and_claim if self.combines else None
         self._finished: list[_Finished] = []
         self._flushing = False

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from delayq.backends._common import format_time
+from delayq._validate import format_time
 from delayq.backends.base import Completion
 from delayq.backoff import backoff_from_spec
 from delayq.errors import InvalidInput

@@ -7,7 +7,7 @@ Design
 ------
 * **Schema.** delayq owns one schema (``delayq`` unless ``schema=``), created
   and migrated by delayq with a recorded version under an advisory lock
-  (:mod:`.schema`; ``delayq migrate`` runs it by hand). One ``jobs`` table holds
+  (:mod:`._schema`; ``delayq migrate`` runs it by hand). One ``jobs`` table holds
   every queue of the schema.
 * **Claims.** One ``UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)``
   statement takes due jobs in ``(run_at, seq)`` order, sets their lease and a
@@ -18,7 +18,7 @@ Design
   a worker or producer with a skewed clock never runs a job early. ``clock=``
   (tests) and ``claim(now=...)`` replace it.
 * **No polling.** Workers sleep until the head of the due set or the next
-  lease end; LISTEN/NOTIFY wakes them when an earlier job commits (:mod:`.wake`).
+  lease end; LISTEN/NOTIFY wakes them when an earlier job commits (:mod:`._wake`).
   An idle worker sends one query per wait and nothing while it sleeps.
 * **Transactional enqueue.** ``enqueue(..., connection=conn)`` (and
   ``DelayQ.schedule(..., connection=conn)``) writes the job with the caller's
@@ -38,18 +38,8 @@ Design
 
 from __future__ import annotations
 
-from delayq.errors import MissingDependency
-
-try:
-    import psycopg  # noqa: F401
-    import psycopg_pool  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency(
-        "the postgresql:// backend needs psycopg 3 and psycopg_pool: pip install 'delayq[postgres]'"
-    ) from exc
-
-from delayq.backends.postgres.schema import DEFAULT_SCHEMA, SCHEMA_VERSION
-from delayq.backends.postgres.store import DEFAULT_QUEUE, PostgresBackend
+from delayq.backends.postgres._schema import DEFAULT_SCHEMA, SCHEMA_VERSION
+from delayq.backends.postgres._store import DEFAULT_QUEUE, PostgresBackend
 
 __all__ = [
     "DEFAULT_QUEUE",

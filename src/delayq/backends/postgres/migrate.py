@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from delayq.backends.postgres import schema as _schema
-from delayq.backends.postgres.connection import mapped, mask, split_url
+import delayq.backends.postgres._schema as schemas
+from delayq.backends.postgres._connection import mapped, mask, split_url
 from delayq.errors import ConfigurationError
 
 __all__ = ["migrate_url"]
@@ -26,12 +26,12 @@ def migrate_url(url: str | None) -> str:
             f"the other stores create their schema when they are opened"
         )
     conninfo, options = split_url(url)
-    schema = _schema.check_schema_name(options.get("schema", _schema.DEFAULT_SCHEMA))
+    schema = schemas.check_schema_name(options.get("schema", schemas.DEFAULT_SCHEMA))
     with (
         mapped(mask(url), "migrating"),
         psycopg.connect(conninfo, autocommit=True, application_name="delayq-migrate") as conn,
     ):
-        before, after = _schema.migrate(conn, schema)
+        before, after = schemas.migrate(conn, schema)
     if before == after:
         return f"schema {schema!r} is at version {after}: nothing to do"
     return f"schema {schema!r} migrated from version {before} to {after}"

@@ -9,33 +9,27 @@ see ``_consumer.py``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
 
-from delayq.backends.rabbitmq._topology import QueueType, check_queue_name
+from delayq.backends._common import check_queue_name
+from delayq.backends._urls import UrlOptions, mask, split_url
+from delayq.backends.rabbitmq._topology import QueueType
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 
 __all__ = ["Settings", "connect", "map_errors", "mask"]
 
-_OWN_OPTIONS = ("queue", "queue_type", "prefetch")
+_URL_OPTIONS: dict[str, Callable[[str], Any]] = {"queue": str, "queue_type": str, "prefetch": int}
+"""Query parameters that are delayq options; every other one goes to pika."""
+DEFAULT_QUEUE = "default"
 DEFAULT_PREFETCH = 5000
 """Deliveries a worker holds unacked: enough for every job due within the ~1 s that
 deliveries are held locally at several thousand jobs/s."""
-
-
-def mask(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +54,22 @@ class Settings:
     ) -> Settings:
         """Read ``amqp[s]://user:pass@host:port/vhost?queue=..&queue_type=..&prefetch=..``.
 
-        Keyword options win over the URL's query; other query options
-        (``heartbeat``, ``connection_attempts`` ...) go to pika unchanged.
+        A keyword and a query option that disagree are an ``InvalidOption``
+        (``delayq.backends._urls``); other query options (``heartbeat``,
+        ``connection_attempts`` ...) go to pika unchanged.
         """
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps"):
             raise ConfigurationError(f"RabbitMQBackend needs an amqp:// URL, got {mask(url)!r}")
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        own = {k: v for k, v in query if k in _OWN_OPTIONS}
-        rest = [(k, v) for k, v in query if k not in _OWN_OPTIONS]
-        chosen_queue = check_queue_name(queue if queue is not None else own.get("queue", "default"))
-        kind = queue_type if queue_type is not None else own.get("queue_type", "quorum")
+        rest_url, own = split_url(url, _URL_OPTIONS, store="RabbitMQ")
+        given = UrlOptions(url, own, dict.fromkeys(_URL_OPTIONS))
+        chosen = given.pick("queue", queue)
+        chosen_queue = check_queue_name(DEFAULT_QUEUE if chosen is None else chosen)
+        kind = given.pick("queue_type", queue_type)
+        kind = "quorum" if kind is None else kind
         if kind not in ("quorum", "classic"):
             raise ConfigurationError(f"queue_type must be 'quorum' or 'classic', got {kind!r}")
-        raw_prefetch: object = prefetch if prefetch is not None else own.get("prefetch")
+        raw_prefetch: object = given.pick("prefetch", prefetch)
         if raw_prefetch is None:
             count = DEFAULT_PREFETCH
         else:
@@ -85,11 +81,10 @@ class Settings:
                 raise ConfigurationError(
                     f"prefetch must be an int in 1..65535, got {raw_prefetch!r}"
                 )
+        parts = urlsplit(rest_url)
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         vhost = unquote(path) if path else "/"
-        pika_url = urlunsplit(
-            parts._replace(path="/" + quote(vhost, safe=""), query=urlencode(rest))
-        )
+        pika_url = urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
         return cls(
             url=mask(url),
             pika_url=pika_url,

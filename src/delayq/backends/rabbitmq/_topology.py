@@ -26,11 +26,10 @@ by every delayq queue of a virtual host.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from delayq.errors import ConfigurationError, InvalidDelay
+from delayq.errors import InvalidDelay
 
 __all__ = [
     "BASE_LEVEL",
@@ -41,7 +40,6 @@ __all__ = [
     "QueueType",
     "Route",
     "Topology",
-    "check_queue_name",
     "ready_key",
     "route",
 ]
@@ -72,18 +70,6 @@ MAX_DELAY = 1000 * 365.25 * 86400.0
 """The longest delay accepted, in seconds (1,000 years)."""
 
 _PREFIX = "delayq"
-_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-_MAX_QUEUE_NAME = 200  # AMQP names are at most 255 bytes; ours add a prefix and a suffix
-
-
-def check_queue_name(queue: object) -> str:
-    """A delayq queue name usable in routing keys: dot-separated words of ``[A-Za-z0-9_-]``."""
-    if not isinstance(queue, str) or not _NAME.fullmatch(queue) or len(queue) > _MAX_QUEUE_NAME:
-        raise ConfigurationError(
-            f"queue must be 1-{_MAX_QUEUE_NAME} characters of letters, digits, '_' and '-' "
-            f"in dot-separated words (it becomes part of AMQP routing keys), got {queue!r}"
-        )
-    return queue
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,19 +17,16 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from delayq.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDependency
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
 
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.commands.core import Script
-    from redis.retry import Retry
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise MissingDependency(
-        "the redis:// backend needs the 'redis' package: pip install 'delayq[redis]'"
-    ) from exc
+from delayq.backends import _urls as urls
+from delayq.backends._urls import mask
+from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 
 __all__ = [
     "SCRIPT_NAMES",
@@ -143,7 +140,7 @@ def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
 
 
 def _load_scripts() -> dict[str, str]:
-    folder = resources.files(__package__)
+    folder = resources.files(__package__).joinpath("lua")
     prelude, blocks = _split_lib(folder.joinpath("_lib.lua").read_text(encoding="utf-8"))
     return {
         name: _with_lib(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"), prelude, blocks)
@@ -165,45 +162,9 @@ FLAGGED_SCRIPTS = {name: _flagged(name) for name in SCRIPT_NAMES}
 """Each script's text as loaded on Redis 7 and later: its flags line first."""
 
 
-def _unsplit(parts: SplitResult) -> str:
-    """``urlunsplit``, keeping the ``//`` of ``unix:///path`` (an empty host)."""
-    url = urlunsplit(parts)
-    if parts.scheme == "unix" and not parts.netloc and not url.startswith("unix://"):
-        url = "unix://" + url.removeprefix("unix:")
-    return url
-
-
-def mask(url: str) -> str:
-    """``url`` with its passwords (``user:pw@`` and ``?password=``) replaced by ``***``
-    (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        parts = parts._replace(netloc=f"{user}:***@{netloc}")
-    if "password" in parts.query.lower():
-        query = [
-            (name, "***" if "password" in name.lower() else value)
-            for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        ]
-        parts = parts._replace(query=urlencode(query, safe="*"))
-    return _unsplit(parts)
-
-
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """Take delayq's own options (``?queue=...``) out of a Redis URL."""
-    parts = urlsplit(url)
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _URL_OPTIONS:
-            try:
-                ours[name] = _URL_OPTIONS[name](value)
-            except ValueError as exc:
-                raise ConfigurationError(f"bad {name}={value!r} in Redis URL: {exc}") from exc
-        else:
-            theirs.append((name, value))
-    return _unsplit(parts._replace(query=urlencode(theirs))), ours
+    return urls.split_url(url, _URL_OPTIONS, store="Redis")
 
 
 def mapped_error(exc: redis.RedisError, url: str) -> BackendError:

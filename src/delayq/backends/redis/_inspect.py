@@ -22,18 +22,18 @@ from delayq.backends.redis._keys import FINISHED_INDEX
 from delayq.job import Job, JobState, Stats
 
 if TYPE_CHECKING:
-    from delayq.backends.redis._waiting import Waiting
+    from delayq.backends.redis._waiting import Wakeups
 
-__all__ = ["Inspection"]
+__all__ = ["RedisInspection"]
 
 
-class Inspection:
+class RedisInspection:
     """``get``, ``list_jobs``, ``stats``, ``next_due`` and the dead-letter calls."""
 
     if TYPE_CHECKING:
         _redis: Any
         _keys: dict[str, str]
-        _wakes: Waiting
+        _wakes: Wakeups
 
         def _run(
             self,
@@ -135,16 +135,15 @@ class Inspection:
 
     def stats(self) -> Stats:
         r = self._run("stats", retry=True)
-        return Stats(
-            scheduled=int(r[0]),
-            due=int(r[1]),
-            running=int(r[2]),
-            succeeded=int(r[3]),
-            dead=int(r[4]),
-            cancelled=int(r[5]),
-            skipped=int(r[6]),
-            next_due=optional_float(r[7]),
+        # stats.lua replies: scheduled, due, running, succeeded, dead, cancelled, skipped, next
+        counts = dict(
+            zip(
+                ("scheduled", "running", "succeeded", "dead", "cancelled", "skipped"),
+                (r[0], *r[2:7]),
+                strict=True,
+            )
         )
+        return Stats.from_counts(counts, due=int(r[1]), next_due=optional_float(r[7]))
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

@@ -19,13 +19,16 @@ from delayq.backends._common import (
     check_lease,
     check_limit,
     check_max_wait,
+    check_queue_name,
     check_result_ttl,
     check_run_at,
     check_spec,
     check_when,
+    conflict_error,
     stale_claim,
     undecodable_error,
 )
+from delayq.backends._urls import UrlOptions, keyword_defaults
 from delayq.backends.base import Completion
 from delayq.backends.redis._connection import Connection, mask, split_url
 from delayq.backends.redis._fields import (
@@ -36,7 +39,7 @@ from delayq.backends.redis._fields import (
     pairs,
     when_arg,
 )
-from delayq.backends.redis._inspect import Inspection
+from delayq.backends.redis._inspect import RedisInspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
     DEFAULT_QUEUE,
@@ -45,7 +48,7 @@ from delayq.backends.redis._keys import (
 )
 from delayq.backends.redis._schedules import RedisSchedules
 from delayq.backends.redis._server import ServerChecks
-from delayq.backends.redis._waiting import Waiting
+from delayq.backends.redis._waiting import Wakeups
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendError,
@@ -89,7 +92,7 @@ DEFAULT_MAX_DEAD = 100_000
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(Inspection, RedisSchedules):
+class RedisBackend(RedisInspection, RedisSchedules):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -170,18 +173,18 @@ class RedisBackend(Inspection, RedisSchedules):
         wait_timeout: float = 1.0,
     ) -> None:
         redis_url, url_options = split_url(url)
-        queue = url_options.get("queue", queue)
-        prefix = url_options.get("prefix", prefix)
-        result_ttl = url_options.get("result_ttl", result_ttl)
-        max_finished = url_options.get("max_finished", max_finished)
-        max_dead = url_options.get("max_dead", max_dead)
-        wait_replicas = url_options.get("wait_replicas", wait_replicas)
-        wait_aof = url_options.get("wait_aof", wait_aof)
-        wait_timeout = url_options.get("wait_timeout", wait_timeout)
-        expiry_events = url_options.get("expiry_events", expiry_events)
-        for name, value in (("queue", queue), ("prefix", prefix)):
-            if not isinstance(value, str) or not value or any(c in value for c in "{}"):
-                raise InvalidOption(f"{name} must be a non-empty str without braces, got {value!r}")
+        given = UrlOptions(url, url_options, _KEYWORD_DEFAULTS)
+        queue = check_queue_name(given.pick("queue", queue))
+        prefix = given.pick("prefix", prefix)
+        result_ttl = given.pick("result_ttl", result_ttl)
+        max_finished = given.pick("max_finished", max_finished)
+        max_dead = given.pick("max_dead", max_dead)
+        wait_replicas = given.pick("wait_replicas", wait_replicas)
+        wait_aof = given.pick("wait_aof", wait_aof)
+        wait_timeout = given.pick("wait_timeout", wait_timeout)
+        expiry_events = given.pick("expiry_events", expiry_events)
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}"):
+            raise InvalidOption(f"prefix must be a non-empty str without braces, got {prefix!r}")
         self.url = mask(url)
         self.queue = queue
         self.prefix = prefix
@@ -222,7 +225,7 @@ class RedisBackend(Inspection, RedisSchedules):
         self._redis = self._conn.client
         self._db = self._conn.db
         self._server = ServerChecks(self._conn)
-        self._wakes = Waiting(
+        self._wakes = Wakeups(
             self._conn,
             self._keys,
             queue=queue,
@@ -357,17 +360,9 @@ class RedisBackend(Inspection, RedisSchedules):
         """Raise JobConflict for an enqueue reply that reports one."""
         if reply[0] != "conflict":
             return
-        job_id, state = reply[1], reply[2]
+
         note = f" ({stored} jobs of this batch were stored before it)" if stored else ""
-        if state == "running" and on_conflict == "replace":
-            raise JobConflict(
-                f"job {job_id!r} is running and cannot be replaced; "
-                f"cancel is not possible either: wait for it to finish{note}"
-            )
-        raise JobConflict(
-            f"job {job_id!r} already exists ({state}); pass "
-            f"on_conflict='keep' or 'replace' to accept an existing id{note}"
-        )
+        raise conflict_error(reply[1], reply[2], on_conflict, note=note)
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(self._run("cancel", [job_id]))
@@ -517,3 +512,7 @@ class RedisBackend(Inspection, RedisSchedules):
             return
         self._wakes.close()
         self._conn.close()
+
+
+_KEYWORD_DEFAULTS = keyword_defaults(RedisBackend.__init__)
+"""A keyword at its default counts as not given next to a URL option (backends._urls)."""

@@ -1,6 +1,6 @@
 """Waiting for due jobs without polling, and waking the waiters (see the package docstring).
 
-:class:`Waiting` is the part of a store that blocks in ``BLPOP`` on the
+:class:`Wakeups` is the part of a store that blocks in ``BLPOP`` on the
 queue's wake list, keeps the exact deadline on the client (``CLIENT
 UNBLOCK``), and wakes the waiters of this process. With an injected test
 clock it waits on that clock instead, woken only by handles in this process.
@@ -23,7 +23,7 @@ from delayq.backends.redis._expiry import ExpirySubscriber
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import BackendError, BackendUnavailable
 
-__all__ = ["Waiting"]
+__all__ = ["Wakeups"]
 
 _WAKE_KEY_TTL_MS = 60_000  # private wake lists vanish if their waiter is gone
 _UNBLOCK_GRACE = 0.25  # seconds to wait for the reply after CLIENT UNBLOCK
@@ -79,7 +79,7 @@ def _source(key: str, reply: Any) -> str | None:
     return _PRIVATE if reply[0] == key else _SHARED
 
 
-class Waiting:
+class Wakeups:
     """Blocked waits of one store and the wake-ups of its waiters in this process.
 
     ``next_wake`` runs the ``next_wake`` script (``"<ms until> <epoch ms>"`` of
@@ -403,7 +403,15 @@ class Waiting:
     def _ensure_subscriber(self) -> None:
         with self._lock:
             if self._subscriber is None and not self.closed:
-                self._subscriber = ExpirySubscriber(self)
+                self._subscriber = ExpirySubscriber(
+                    subscriber=lambda: self._conn.blocking_node().pubsub(
+                        ignore_subscribe_messages=True
+                    ),
+                    db=self._conn.db,
+                    shadow=self._keys["shadow:"],
+                    queue=self.queue,
+                    wake=self.wake_local,
+                )
 
     def close(self) -> None:
         """Wake every waiter and stop the subscriber. Idempotent."""

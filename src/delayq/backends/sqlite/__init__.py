@@ -44,22 +44,22 @@ Waking
 ``wait_for_due`` sleeps until the earliest due time or lease expiry. In the
 same process an earlier job wakes it at once (a condition variable); other
 processes wake it within about a millisecond through unix datagram sockets
-next to the database (see :mod:`delayq.backends._wake`), never by polling the
+next to the database (see :mod:`delayq.backends.sqlite._wake`), never by polling the
 table.
 
 Layout: ``_schema`` (tables, named queries, opening a connection), ``_ops``
 (what each transaction does to rows), ``_turns`` (writers taking turns),
-``_backend`` (transactions, group commit, waking, the contract methods),
+``_store`` (transactions, group commit, waking, the contract methods),
 ``_schedules`` (recurring schedule records, the ``recurring`` feature).
 """
 
-from delayq.backends.sqlite._backend import SQLiteBackend
 from delayq.backends.sqlite._schema import (
     DEFAULT_BUSY_TIMEOUT,
     FALLBACK_POLL,
     SCHEMA_VERSION,
     Synchronous,
 )
+from delayq.backends.sqlite._store import SQLiteBackend
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",

@@ -3,7 +3,7 @@
 Each function runs inside a transaction the backend opened (``BEGIN IMMEDIATE``
 for the writing ones) and only reads and writes rows; taking turns, committing
 and waking other processes are the backend's business
-(:mod:`delayq.backends.sqlite._backend`). Keeping the row logic here lets one
+(:mod:`delayq.backends.sqlite._store`). Keeping the row logic here lets one
 transaction combine several steps (a group of enqueues, "complete these and
 claim the next").
 """
@@ -21,6 +21,7 @@ from delayq.backends._common import (
     encode_backoff,
     lease_expired_error,
     lease_expired_note,
+    resolve_conflicts,
     stale_claim,
     undecodable_error,
 )
@@ -39,7 +40,7 @@ from delayq.backends.sqlite._schema import (
     TTL_STATE_VALUES,
     claimed_job,
 )
-from delayq.errors import JobConflict, StaleClaim
+from delayq.errors import StaleClaim
 from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 
 __all__ = [
@@ -182,29 +183,7 @@ def insert_specs(
             stale_rows.add(job_id)
             if not is_expired(state, updated_at, cutoff):
                 existing[job_id] = JobState(state)
-    outcomes: list[EnqueueOutcome] = []
-    final: dict[str, JobSpec] = {}  # id -> the spec that ends up stored
-    for spec in specs:
-        current = existing.get(spec.id)
-        if current is None:
-            outcomes.append(EnqueueOutcome.CREATED)
-        elif on_conflict == "keep":
-            outcomes.append(EnqueueOutcome.KEPT)
-            continue
-        elif on_conflict == "reject":
-            raise JobConflict(
-                f"job {spec.id!r} already exists ({current.value}); pass "
-                f"on_conflict='keep' or 'replace' to accept an existing id"
-            )
-        elif current is JobState.RUNNING:
-            raise JobConflict(
-                f"job {spec.id!r} is running and cannot be replaced; wait for it to finish"
-            )
-        else:
-            outcomes.append(EnqueueOutcome.REPLACED)
-        existing[spec.id] = JobState.SCHEDULED
-        final.pop(spec.id, None)  # re-inserted at its latest position (FIFO)
-        final[spec.id] = spec
+    outcomes, final = resolve_conflicts(specs, existing, on_conflict)
     if not final:
         return outcomes, None
     doomed = [(job_id,) for job_id in final if job_id in stale_rows]

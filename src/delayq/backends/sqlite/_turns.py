@@ -41,7 +41,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from delayq.backends._wake import share_like_database
+from delayq.backends.sqlite._wake import share_like_database
 
 try:
     import fcntl

@@ -1,8 +1,8 @@
 """The PostgreSQL store's contract methods: producers, workers, waiting.
 
-Inspection (get, list_jobs, stats, dead letters) is in :mod:`.inspect`; the
-SQL in :mod:`.sql`; schema and migrations in :mod:`.schema`; waiting in
-:mod:`.wake`. See the package docstring for the design.
+Inspection (get, list_jobs, stats, dead letters) is in :mod:`._inspect`; the
+SQL in :mod:`._sql`; schema and migrations in :mod:`._schema`; waiting in
+:mod:`._wake`. See the package docstring for the design.
 """
 
 from __future__ import annotations
@@ -20,23 +20,25 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
+import delayq.backends.postgres._schema as schemas
 from delayq._validate import check_int, check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     CompletesInBatches,
     check_dead_ttl,
     check_max_wait,
+    check_queue_name,
     check_result_ttl,
     check_when,
 )
-from delayq.backends.postgres import schema as _schema
-from delayq.backends.postgres.claims import Claiming
-from delayq.backends.postgres.connection import mapped, mask, split_url
-from delayq.backends.postgres.enqueue import Enqueueing
-from delayq.backends.postgres.inspect import Inspection
-from delayq.backends.postgres.schedules import Schedules
-from delayq.backends.postgres.sql import Statements
-from delayq.backends.postgres.wake import FALLBACK_WAIT, Listener, channel_name
+from delayq.backends._urls import UrlOptions, keyword_defaults
+from delayq.backends.postgres._claims import PostgresClaims
+from delayq.backends.postgres._connection import mapped, mask, split_url
+from delayq.backends.postgres._enqueue import PostgresEnqueue
+from delayq.backends.postgres._inspect import PostgresInspection
+from delayq.backends.postgres._schedules import PostgresSchedules
+from delayq.backends.postgres._sql import Statements
+from delayq.backends.postgres._wake import FALLBACK_WAIT, Listener, channel_name
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendUnavailable,
@@ -58,7 +60,9 @@ _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished 
 log = logging.getLogger("delayq.postgres")
 
 
-class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspection):
+class PostgresBackend(
+    PostgresEnqueue, PostgresClaims, PostgresSchedules, CompletesInBatches, PostgresInspection
+):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
     ``PostgresBackend("postgresql://user@host/db?queue=orders")`` or
@@ -105,7 +109,7 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
         url: str = "postgresql://postgres@127.0.0.1:5432/postgres",
         *,
         queue: str = DEFAULT_QUEUE,
-        schema: str = _schema.DEFAULT_SCHEMA,
+        schema: str = schemas.DEFAULT_SCHEMA,
         migrate: bool = True,
         result_ttl: float = DEFAULT_RESULT_TTL,
         dead_ttl: float | None = None,
@@ -116,23 +120,22 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
         synchronous_commit: str = "on",
     ) -> None:
         conninfo, options = split_url(url)
-        queue = options.get("queue", queue)
-        schema = _schema.check_schema_name(options.get("schema", schema))
-        migrate = options.get("migrate", migrate)
-        pool_size = options.get("pool_size", pool_size)
-        synchronous_commit = options.get("synchronous_commit", synchronous_commit)
+        given = UrlOptions(url, options, _KEYWORD_DEFAULTS)
+        queue = check_queue_name(given.pick("queue", queue))
+        schema = schemas.check_schema_name(given.pick("schema", schema))
+        migrate = given.pick("migrate", migrate)
+        pool_size = given.pick("pool_size", pool_size)
+        synchronous_commit = given.pick("synchronous_commit", synchronous_commit)
         if synchronous_commit not in ("on", "off"):
             raise InvalidOption(
                 f"synchronous_commit must be 'on' or 'off', got {synchronous_commit!r}"
             )
-        if not isinstance(queue, str) or not queue or len(queue) > 200:
-            raise InvalidOption(f"queue must be a non-empty str (at most 200), got {queue!r}")
         check_int(pool_size, "pool_size", minimum=1)
-        dead_ttl = options.get("dead_ttl", dead_ttl)
+        dead_ttl = given.pick("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue
         self.schema = schema
-        self._result_ttl = check_result_ttl(options.get("result_ttl", result_ttl))
+        self._result_ttl = check_result_ttl(given.pick("result_ttl", result_ttl))
         self._dead_ttl = check_dead_ttl(dead_ttl)
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._fake = self._clock is not SYSTEM_CLOCK
@@ -174,9 +177,9 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
                 self._pool.open(wait=True, timeout=self._timeout)
             with self._conn("preparing the schema") as conn:
                 if migrate:
-                    _schema.migrate(conn, schema)
+                    schemas.migrate(conn, schema)
                 else:
-                    _schema.check_version(conn, schema)
+                    schemas.check_version(conn, schema)
         except BaseException:
             self._pool.close()
             raise
@@ -415,4 +418,8 @@ class PostgresBackend(Enqueueing, Claiming, Schedules, CompletesInBatches, Inspe
     def migrate(self) -> tuple[int, int]:
         """Bring the schema to this delayq's version; ``(before, after)``."""
         with self._conn("migrating") as conn:
-            return _schema.migrate(conn, self.schema)
+            return schemas.migrate(conn, self.schema)
+
+
+_KEYWORD_DEFAULTS = keyword_defaults(PostgresBackend.__init__)
+"""A keyword at its default counts as not given next to a URL option (backends._urls)."""

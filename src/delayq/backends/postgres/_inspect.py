@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from delayq.backends._common import check_limit, check_list_cursor, check_run_at, readable_json
-from delayq.backends.postgres.sql import Statements
+from delayq.backends.postgres._sql import Statements
 from delayq.codec import decode_payload
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState, Stats
 
-__all__ = ["Inspection", "to_job"]
+__all__ = ["PostgresInspection", "to_job"]
 
 Row = tuple[Any, ...]
 
@@ -54,7 +54,7 @@ class _Store(Protocol):
     def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
 
 
-class Inspection:
+class PostgresInspection:
     """``get``, ``list_jobs``, ``next_due``, ``stats``, ``dead_letters``, ``purge_dead``."""
 
     def get(self: _Store, job_id: str) -> Job | None:
@@ -113,16 +113,7 @@ class Inspection:
         counts: dict[str, int] = dict(self._read("counting jobs", self._sql.stats, self._params()))
         due = self._read("counting due jobs", self._sql.due_count, self._params())[0][0]
         head = self._read("reading the next due time", self._sql.head, self._params())
-        return Stats(
-            scheduled=counts.get("scheduled", 0),
-            due=due,
-            running=counts.get("running", 0),
-            succeeded=counts.get("succeeded", 0),
-            dead=counts.get("dead", 0),
-            cancelled=counts.get("cancelled", 0),
-            skipped=counts.get("skipped", 0),
-            next_due=head[0][0] if head else None,
-        )
+        return Stats.from_counts(counts, due=due, next_due=head[0][0] if head else None)
 
     def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

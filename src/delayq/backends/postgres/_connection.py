@@ -13,22 +13,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import psycopg_pool
 
+from delayq.backends import _urls as urls
+from delayq.backends._urls import flag, mask
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError, InvalidOption
 
 __all__ = ["URL_OPTIONS", "caller_connection", "mapped", "mask", "split_url"]
-
-
-def _flag(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
 
 
 URL_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -37,41 +31,19 @@ URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "result_ttl": float,
     "dead_ttl": float,
     "pool_size": int,
-    "migrate": _flag,
+    "migrate": flag,
     "synchronous_commit": str,
 }
 """Query parameters that are delayq options; every other one goes to libpq."""
 
 
-def mask(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """``(libpq URL, delayq options)`` of a ``postgresql://`` or ``postgres://`` URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres"):
+    if urlsplit(url).scheme not in ("postgresql", "postgres"):
         raise ConfigurationError(
             f"the PostgreSQL store needs a postgresql:// URL, got {mask(url)!r}"
         )
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in URL_OPTIONS:
-            try:
-                ours[name] = URL_OPTIONS[name](value)
-            except ValueError as exc:
-                raise ConfigurationError(
-                    f"bad {name}={value!r} in PostgreSQL URL {mask(url)!r}: {exc}"
-                ) from exc
-        else:
-            theirs.append((name, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+    return urls.split_url(url, URL_OPTIONS, store="PostgreSQL")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import psycopg
 from delayq.backends._schedules import check_schedule_args, check_schedule_name, check_version
 from delayq.backends.base import ScheduleRecord
 
-__all__ = ["Schedules"]
+__all__ = ["PostgresSchedules"]
 
 
 class _Store(Protocol):
@@ -34,7 +34,7 @@ def _table(store: _Store) -> str:
     return f'"{store.schema}".schedules'
 
 
-class Schedules:
+class PostgresSchedules:
     """``put_schedule``, ``get_schedule``, ``list_schedules``, ``delete_schedule``."""
 
     def put_schedule(self: _Store, name: str, data: str, *, version: int) -> int | None:

@@ -13,11 +13,12 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
+import delayq.backends.sqlite._ops as ops
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
@@ -33,9 +34,8 @@ from delayq.backends._common import (
     check_spec,
     check_when,
 )
-from delayq.backends._wake import WakeChannel
+from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
-from delayq.backends.sqlite import _ops as ops
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
@@ -54,6 +54,7 @@ from delayq.backends.sqlite._schema import (
     to_job,
 )
 from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
+from delayq.backends.sqlite._wake import WakeChannel
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendError,
@@ -80,7 +81,21 @@ __all__ = ["SQLiteBackend"]
 
 log = logging.getLogger("delayq.sqlite")
 
-_URL_OPTIONS = ("synchronous", "busy_timeout", "result_ttl", "dead_ttl")
+
+def _seconds(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("not a number of seconds") from None
+
+
+_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "synchronous": str,
+    "busy_timeout": _seconds,
+    "result_ttl": _seconds,
+    "dead_ttl": _seconds,
+}
+"""Query parameters of a sqlite:// URL (there is no driver to pass others to)."""
 
 
 class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
@@ -158,8 +173,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         """Open ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite:///:memory:``.
 
         Query parameters ``synchronous``, ``busy_timeout``, ``result_ttl`` and
-        ``dead_ttl`` set options (``sqlite:///jobs.db?synchronous=normal``);
-        keyword options win.
+        ``dead_ttl`` set options (``sqlite:///jobs.db?synchronous=normal``); one
+        given both ways with different values is an ``InvalidOption``.
         """
         parts = urlsplit(url)
         if parts.scheme != "sqlite":
@@ -173,22 +188,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path:
             raise ConfigurationError(f"sqlite URL {url!r} names no file, e.g. sqlite:///jobs.db")
-        from_query: dict[str, Any] = {}
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key == "synchronous":
-                from_query[key] = value
-            elif key in _URL_OPTIONS:
-                try:
-                    from_query[key] = float(value)
-                except ValueError:
-                    raise ConfigurationError(
-                        f"sqlite URL option {key}={value!r} is not a number of seconds"
-                    ) from None
-            else:
-                raise ConfigurationError(
-                    f"unknown sqlite URL option {key!r}; known: {', '.join(_URL_OPTIONS)}"
-                )
-        return cls(path, url=url, **{**from_query, **options})
+        _, from_query = split_url(url, _URL_OPTIONS, store="sqlite", strict=True)
+        return cls(path, url=url, **merge_options(url, from_query, options))
 
     def __repr__(self) -> str:
         return f"SQLiteBackend(url={self.url!r}, synchronous={self._synchronous!r})"
@@ -629,16 +630,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                 (now,),
             ).fetchone()[0]
             head = ops.head(conn)
-        return Stats(
-            scheduled=counts.get("scheduled", 0),
-            due=due,
-            running=counts.get("running", 0),
-            succeeded=counts.get("succeeded", 0),
-            dead=counts.get("dead", 0),
-            cancelled=counts.get("cancelled", 0),
-            skipped=counts.get("skipped", 0),
-            next_due=head,
-        )
+        return Stats.from_counts(counts, due=due, next_due=head)
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

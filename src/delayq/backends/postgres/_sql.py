@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from delayq.backends.postgres.schema import quoted
+from delayq.backends.postgres._schema import quoted
 
 __all__ = ["COLUMNS", "CUTOFF", "NOW", "Statements"]
 

@@ -33,13 +33,13 @@ from delayq.backends._common import (
     undecodable_error,
 )
 from delayq.backends.base import Completion
-from delayq.backends.postgres.inspect import to_job
-from delayq.backends.postgres.sql import Statements
+from delayq.backends.postgres._inspect import to_job
+from delayq.backends.postgres._sql import Statements
 from delayq.clock import Clock
 from delayq.errors import StaleClaim
 from delayq.job import Claim, JobState
 
-__all__ = ["Claiming"]
+__all__ = ["PostgresClaims"]
 
 _MAX_RECOVER = 1000  # expired leases returned per claim call at most
 _FINISH_KIND = {JobState.SUCCEEDED: "succeeded", JobState.SKIPPED: "skipped"}
@@ -141,22 +141,22 @@ class _Batch:
         return results, earliest
 
 
-class Claiming:
+class PostgresClaims:
     """``claim``, ``complete``, ``complete_and_claim`` and ``extend`` (see the module doc)."""
 
     def claim(self: _Store, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
         at = check_claim_now(now, self._clock)
-        params = Claiming._claim_params(self, limit, lease, at)
+        params = PostgresClaims._claim_params(self, limit, lease, at)
         with self._conn("claiming") as conn:
-            Claiming._purge(self, conn, params)
+            PostgresClaims._purge(self, conn, params)
             mark = self._mark()
             with _pipeline(conn):
-                cur = Claiming._send_claim(self, conn, params)
-                times = Claiming._send_times(self, conn, params, mark)
+                cur = PostgresClaims._send_claim(self, conn, params)
+                times = PostgresClaims._send_times(self, conn, params, mark)
             self._set_hint(mark, times)
-            return Claiming._claims(self, conn, cur.fetchall())
+            return PostgresClaims._claims(self, conn, cur.fetchall())
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` with one statement (one transaction)."""
@@ -182,27 +182,27 @@ class Claiming:
             limit = check_limit(limit)
         lease = check_lease(lease)
         sent = _Batch(items)
-        params = Claiming._claim_params(self, limit, lease, None)
+        params = PostgresClaims._claim_params(self, limit, lease, None)
         with self._conn("completing and claiming") as conn:
-            Claiming._purge(self, conn, params)
+            PostgresClaims._purge(self, conn, params)
             mark = self._mark() if limit else None
             try:
                 with _pipeline(conn):
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
                         done.execute(self._sql.complete, self._params(**sent.params()))
-                    claimed = Claiming._send_claim(self, conn, params) if limit else None
-                    times = Claiming._send_times(self, conn, params, mark)
+                    claimed = PostgresClaims._send_claim(self, conn, params) if limit else None
+                    times = PostgresClaims._send_times(self, conn, params, mark)
             except psycopg.OperationalError:
                 raise  # nothing was applied: the caller's error handling decides
             except psycopg.Error as exc:
                 if not limit:
                     raise
                 log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-                return Claiming.complete(self, items), []
+                return PostgresClaims.complete(self, items), []
             self._set_hint(mark, times)
             results, at = sent.results(self, conn, done.fetchall()) if items else ([], None)
-            claims = Claiming._claims(self, conn, claimed.fetchall()) if claimed else []
+            claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
             self._told(conn, at)
         return results, claims
 

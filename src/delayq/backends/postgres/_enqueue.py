@@ -19,13 +19,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
-from delayq.backends._common import TTL_STATES, check_spec
-from delayq.backends.postgres.connection import caller_connection, mapped
-from delayq.backends.postgres.sql import CUTOFF, Statements
+from delayq.backends._common import TTL_STATES, check_spec, resolve_conflicts
+from delayq.backends.postgres._connection import caller_connection, mapped
+from delayq.backends.postgres._sql import CUTOFF, Statements
 from delayq.errors import InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState, OnConflict, check_on_conflict
 
-__all__ = ["Enqueueing"]
+__all__ = ["PostgresEnqueue"]
 
 
 class _Store(Protocol):
@@ -41,7 +41,7 @@ class _Store(Protocol):
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
 
 
-class Enqueueing:
+class PostgresEnqueue:
     """``enqueue`` (see the module docstring)."""
 
     def enqueue(
@@ -60,18 +60,22 @@ class Enqueueing:
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if connection is not None:
-            return Enqueueing._enqueue_in(self, caller_connection(connection), specs, on_conflict)
+            return PostgresEnqueue._enqueue_in(
+                self, caller_connection(connection), specs, on_conflict
+            )
         if not specs:
             return []
         with self._conn("enqueueing") as conn:
-            params = Enqueueing._insert_params(self, specs)
+            params = PostgresEnqueue._insert_params(self, specs)
             try:
                 rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
                 created = rows.fetchall()
                 outcomes = [EnqueueOutcome.CREATED] * len(specs)
             except psycopg.errors.UniqueViolation:
                 with conn.transaction():
-                    outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+                    outcomes, created = PostgresEnqueue._enqueue_slow(
+                        self, conn, specs, on_conflict
+                    )
             self._told(conn, min((r[1] for r in created), default=None))
         return outcomes
 
@@ -90,10 +94,10 @@ class Enqueueing:
             if status == psycopg.pq.TransactionStatus.IDLE and conn.autocommit:
                 # No transaction of the caller's to join: ours commits at once.
                 with conn.transaction():
-                    return Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+                    return PostgresEnqueue._enqueue_joined(self, conn, specs, on_conflict)
             conn.execute("SAVEPOINT delayq_enqueue")
             try:
-                outcomes = Enqueueing._enqueue_joined(self, conn, specs, on_conflict)
+                outcomes = PostgresEnqueue._enqueue_joined(self, conn, specs, on_conflict)
             except BaseException:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK TO SAVEPOINT delayq_enqueue")
@@ -105,7 +109,7 @@ class Enqueueing:
     def _enqueue_joined(
         self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
     ) -> list[EnqueueOutcome]:
-        outcomes, created = Enqueueing._enqueue_slow(self, conn, specs, on_conflict)
+        outcomes, created = PostgresEnqueue._enqueue_slow(self, conn, specs, on_conflict)
         at = min((r[1] for r in created), default=None)
         if at is not None:
             # Delivered when the caller commits, never on rollback. Unconditional:
@@ -141,33 +145,12 @@ class Enqueueing:
                 self._params(ids=ids),
             ).fetchall()
         }
-        outcomes: list[EnqueueOutcome] = []
-        seen: dict[str, JobState] = {}
-        final: dict[str, JobSpec] = {}
-        for spec in specs:
-            state = seen.get(spec.id)
-            if state is None and spec.id in existing:
-                found, old = existing[spec.id]
-                state = None if old and found in TTL_STATES else found  # expired: gone
-            if state is None:
-                outcomes.append(EnqueueOutcome.CREATED)
-            elif on_conflict == "keep":
-                outcomes.append(EnqueueOutcome.KEPT)
-                continue
-            elif on_conflict == "reject":
-                raise JobConflict(
-                    f"job {spec.id!r} already exists ({state.value}); pass "
-                    f"on_conflict='keep' or 'replace' to accept an existing id"
-                )
-            elif state is JobState.RUNNING:
-                raise JobConflict(
-                    f"job {spec.id!r} is running and cannot be replaced; "
-                    f"cancel is not possible either: wait for it to finish"
-                )
-            else:
-                outcomes.append(EnqueueOutcome.REPLACED)
-            seen[spec.id] = JobState.SCHEDULED
-            final[spec.id] = spec
+        stored = {
+            job_id: state
+            for job_id, (state, old) in existing.items()
+            if not (old and state in TTL_STATES)  # expired: gone
+        }
+        outcomes, final = resolve_conflicts(specs, stored, on_conflict)
         if not final:
             return outcomes, []
         doomed = [i for i in final if i in existing]
@@ -178,7 +161,7 @@ class Enqueueing:
             )
         try:
             created = cur.execute(
-                self._sql.insert, Enqueueing._insert_params(self, list(final.values()))
+                self._sql.insert, PostgresEnqueue._insert_params(self, list(final.values()))
             ).fetchall()
         except psycopg.errors.UniqueViolation as exc:
             raise JobConflict(

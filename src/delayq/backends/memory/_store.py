@@ -35,14 +35,16 @@ from delayq.backends._common import (
     lease_expired_error,
     lease_expired_note,
     readable_json,
+    resolve_conflicts,
     stale_claim,
     undecodable_error,
 )
-from delayq.backends._schedules import MemorySchedules
+from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
+from delayq.backends.memory._schedules import MemorySchedules
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
-from delayq.errors import ConfigurationError, JobConflict, QueueClosed, StaleClaim
+from delayq.errors import ConfigurationError, QueueClosed, StaleClaim
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -150,10 +152,12 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
-        """Open ``memory://``: a new, empty in-memory store each time."""
+        """Open ``memory://`` (``memory://?result_ttl=60`` sets an option): a new,
+        empty in-memory store each time."""
         if not url.startswith("memory://"):
             raise ConfigurationError(f"MemoryBackend needs a memory:// URL, got {url!r}")
-        return cls(url=url, **options)
+        _, from_query = split_url(url, {"result_ttl": float}, store="memory", strict=True)
+        return cls(url=url, **merge_options(url, from_query, options))
 
     def __repr__(self) -> str:
         return f"MemoryBackend(url={self.url!r})"
@@ -290,36 +294,15 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             now = self._clock.time()
             self._purge_finished(now)
             # Decide every outcome first so a conflict leaves nothing stored.
-            outcomes: list[EnqueueOutcome] = []
-            seen: dict[str, JobState] = {}
-            for spec in specs:
-                existing = seen.get(spec.id)
-                old = self._jobs.get(spec.id)
-                if existing is None and old is not None and not self._gone(old, now):
-                    existing = old.state
-                if existing is None:
-                    outcomes.append(EnqueueOutcome.CREATED)
-                elif on_conflict == "keep":
-                    outcomes.append(EnqueueOutcome.KEPT)
-                    continue
-                elif on_conflict == "reject":
-                    raise JobConflict(
-                        f"job {spec.id!r} already exists ({existing.value}); pass "
-                        f"on_conflict='keep' or 'replace' to accept an existing id"
-                    )
-                elif existing is JobState.RUNNING:
-                    raise JobConflict(
-                        f"job {spec.id!r} is running and cannot be replaced; "
-                        f"cancel is not possible either: wait for it to finish"
-                    )
-                else:
-                    outcomes.append(EnqueueOutcome.REPLACED)
-                seen[spec.id] = JobState.SCHEDULED
+            existing: dict[str, JobState] = {}
+            for job_id in dict.fromkeys(spec.id for spec in specs):
+                old = self._jobs.get(job_id)
+                if old is not None and not self._gone(old, now):
+                    existing[job_id] = old.state
+            outcomes, final = resolve_conflicts(specs, existing, on_conflict)
             head = self._next_due()
             earliest: float | None = None
-            for spec, outcome in zip(specs, outcomes, strict=True):
-                if outcome is EnqueueOutcome.KEPT:
-                    continue
+            for spec in final.values():
                 rec = _Record(
                     id=spec.id,
                     name=spec.name,
@@ -543,7 +526,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             self._check_open()
             now = self._clock.time()
             self._purge_finished(now)
-            counts = dict.fromkeys(JobState, 0)
+            counts: dict[str, int] = dict.fromkeys(JobState, 0)
             due = 0
             for rec in self._jobs.values():
                 if self._gone(rec, now):
@@ -551,16 +534,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                 counts[rec.state] += 1
                 if rec.state is JobState.SCHEDULED and rec.run_at <= now:
                     due += 1
-            return Stats(
-                scheduled=counts[JobState.SCHEDULED],
-                due=due,
-                running=counts[JobState.RUNNING],
-                succeeded=counts[JobState.SUCCEEDED],
-                dead=counts[JobState.DEAD],
-                cancelled=counts[JobState.CANCELLED],
-                skipped=counts[JobState.SKIPPED],
-                next_due=self._next_due(),
-            )
+            return Stats.from_counts(counts, due=due, next_due=self._next_due())
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

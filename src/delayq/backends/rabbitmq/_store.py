@@ -1,0 +1,397 @@
+"""The RabbitMQ store's contract methods (the design is in the package docstring)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from delayq.backends._common import (
+    RELEASED_NOTE,
+    CompletesInBatches,
+    check_claim_now,
+    check_lease,
+    check_limit,
+    check_max_wait,
+    check_run_at,
+    check_spec,
+    check_when,
+    undecodable_error,
+)
+from delayq.backends.base import Completion
+from delayq.backends.rabbitmq._claims import Held, judge
+from delayq.backends.rabbitmq._connection import Settings
+from delayq.backends.rabbitmq._consumer import Consumer, Delivery
+from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
+from delayq.backends.rabbitmq._message import JobMessage, encode
+from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
+from delayq.backends.rabbitmq._topology import Topology, route
+from delayq.clock import SYSTEM_CLOCK, Clock
+from delayq.errors import InvalidOption, QueueClosed, StaleClaim, Unsupported
+from delayq.job import (
+    CancelOutcome,
+    Claim,
+    EnqueueOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    OnConflict,
+    RescheduleOutcome,
+    Stats,
+    check_on_conflict,
+)
+
+__all__ = ["RabbitMQBackend"]
+
+_TOKENS = itertools.count(1)
+"""Fencing tokens, unique in the process, so any handle can tell whose claim it is given."""
+
+_OWNERS: weakref.WeakValueDictionary[int, RabbitMQBackend] = weakref.WeakValueDictionary()
+"""token -> the handle holding that claim's delivery (an ack must go back on its channel)."""
+
+_NO_INDEX = (
+    "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
+    "use the Redis, PostgreSQL or SQLite store when you need it"
+)
+
+
+class RabbitMQBackend(CompletesInBatches):
+    """A :class:`~delayq.backends.base.Backend` on RabbitMQ (see the module docstring).
+
+    Lock rule: ``_lock`` guards ``_held`` and ``_closed``; the publisher and
+    the consumer have their own locks, and none is held while calling the other.
+    """
+
+    features: ClassVar[frozenset[str]] = frozenset({"shared", "durable"})
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        queue: str | None = None,
+        queue_type: str | None = None,
+        prefetch: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._settings = Settings.parse(url, queue=queue, queue_type=queue_type, prefetch=prefetch)
+        self.url = self._settings.url
+        self.queue = self._settings.queue
+        self._clock = clock
+        self._topology = Topology(self._settings.queue, self._settings.queue_type)
+        self._publisher = Publisher(self._settings, self._topology)
+        self._consumer = Consumer(self._settings, self._topology)
+        self._dead = DeadLetters(self._publisher, self._topology.dead_queue)
+        self._lock = threading.Lock()
+        self._held: dict[int, Held] = {}
+        self._closed = False
+        self._publisher.open()  # a wrong URL, password or vhost fails here, not later
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RabbitMQBackend:
+        """Open ``amqp[s]://user:pass@host:port/vhost[?queue=...&queue_type=...]``."""
+        return cls(url, **options)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQBackend(url={self.url!r}, queue={self.queue!r})"
+
+    # -- internals -------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"{self!r} is closed")
+
+    def _outgoing(self, message: JobMessage, delay: float) -> Outgoing:
+        r = route(self._topology, delay)
+        body = encode(replace(message, local=r.local, more=r.more))
+        return Outgoing(r.exchange, r.routing_key, body, message.id)
+
+    def _buried(self, message: JobMessage | None, body: bytes = b"", error: str = "") -> Outgoing:
+        """A dead letter: ``message`` (its ``last_error`` set), or an unreadable ``body``."""
+        headers: dict[str, Any] = {BURIED_AT: int(self._clock.time() * 1000)}
+        if message is None:
+            headers[ERROR] = error
+            return Outgoing("", self._topology.dead_queue, body, "?", headers)
+        return Outgoing("", self._topology.dead_queue, encode(message), message.id, headers)
+
+    def _unsupported(self, what: str) -> Unsupported:
+        return Unsupported(_NO_INDEX.format(what=what))
+
+    def _stale(self, claim: Claim) -> StaleClaim:
+        return StaleClaim(
+            f"claim on job {claim.job.id!r} (token {claim.token}) is stale: it was finished, "
+            f"its lease ran out, or the connection it came on closed (the broker then "
+            f"returned the job to the queue)"
+        )
+
+    # -- producers ---------------------------------------------------------------
+    def enqueue(
+        self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]:
+        """Publish each job into the levels; returns once the broker confirmed every one.
+
+        Job ids are not checked for uniqueness (see the module docstring). A
+        batch is checked whole before anything is published; a broker failure
+        in the middle of a batch leaves the jobs published before it.
+        """
+        policy = check_on_conflict(on_conflict)
+        if policy != "reject":
+            raise self._unsupported(f"keep or replace an existing job (on_conflict={policy!r})")
+        specs = [check_spec(spec) for spec in jobs]
+        self._check_open()
+        now = self._clock.time()
+        outgoing = []
+        for spec in specs:
+            # A past run_at is kept (it orders the job among those due); delay= is
+            # relative to this clock, a negative one meaning now.
+            run_at = spec.run_at if spec.delay is None else now + max(0.0, spec.delay)
+            message = JobMessage.from_spec(spec, run_at, now)
+            outgoing.append(self._outgoing(message, run_at - now))
+        self._publisher.publish(outgoing, "schedule a job")
+        return [EnqueueOutcome.CREATED] * len(specs)
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        raise self._unsupported("cancel a job by id")
+
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        check_when(run_at, delay)
+        raise self._unsupported("reschedule a job by id")
+
+    # -- workers -----------------------------------------------------------------
+    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        limit = check_limit(limit)
+        lease = check_lease(lease)
+        check_claim_now(now, self._clock)  # due is decided by the broker and the local wait
+        self._check_open()
+        self._consumer.start()
+        self._consumer.resume()
+        mono = SYSTEM_CLOCK.monotonic()
+        with self._lock:
+            expired = [t for t, h in self._held.items() if h.lease_mono <= mono]
+            returned = [(self._held.pop(t).delivery, True) for t in expired]
+        for token in expired:
+            _OWNERS.pop(token, None)
+        self._consumer.settle(returned)  # back to the broker, to any worker
+        wall = self._clock.time()
+        claims: list[Claim] = []
+        burials: list[tuple[Delivery, Outgoing]] = []  # also delays passed on (more > 0)
+        for delivery in self._consumer.take_due(limit, mono):
+            verdict = judge(delivery)
+            message = verdict.message
+            if verdict.kind == "pass_on":
+                # The levels held it at least one pass: the rest is relative to now.
+                assert message is not None
+                burials.append((delivery, self._outgoing(message, message.more)))
+                continue
+            if verdict.kind == "bury":
+                burials.append((delivery, self._buried(message, delivery.body, verdict.error)))
+                continue
+            assert message is not None
+            try:
+                job = message.job(
+                    JobState.RUNNING,
+                    verdict.attempts,
+                    wall,
+                    lease_until=wall + lease,
+                    last_error=verdict.last_error,
+                )
+            except (ValueError, TypeError) as exc:
+                dead = replace(message, last_error=undecodable_error(exc))
+                burials.append((delivery, self._buried(dead)))
+                continue
+            attempts = verdict.attempts
+            token = next(_TOKENS)
+            with self._lock:
+                self._held[token] = Held(delivery, message, attempts, mono + lease)
+            _OWNERS[token] = self
+            claims.append(Claim(job, token, wall + lease, wall))
+        if burials:
+            try:
+                self._publisher.publish([o for _, o in burials], "bury or pass on a job")
+            except BaseException:
+                self._consumer.settle([(d, True) for d, _ in burials])  # back to the queue
+                raise
+            self._consumer.settle([(d, False) for d, _ in burials])
+        return claims
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        """Publish what each entry needs (a retry's new message, a dead letter), then ack.
+
+        An entry whose delivery's connection is gone is stale (the broker has
+        returned that message already). A connection lost between the publish
+        and the ack leaves the job both republished and returned: it runs
+        again (at least once, never lost).
+        """
+        items = Completion.batch(batch)
+        if not items:
+            return []
+        self._check_open()
+        groups: dict[RabbitMQBackend, list[int]] = {}
+        for index, item in enumerate(items):
+            owner = self._owner(item.claim)
+            groups.setdefault(owner, []).append(index)
+        if len(groups) == 1 and self in groups:
+            return self._complete_own(items)
+        results: list[StaleClaim | None] = [None] * len(items)
+        for owner, indexes in groups.items():
+            answers = owner._complete_own([items[i] for i in indexes])
+            for i, answer in zip(indexes, answers, strict=True):
+                results[i] = answer
+        return results
+
+    def _owner(self, claim: Claim) -> RabbitMQBackend:
+        """The handle of this process holding ``claim`` (self when none does)."""
+        with self._lock:
+            if claim.token in self._held:
+                return self
+        owner = _OWNERS.get(claim.token)
+        return self if owner is None or owner._closed else owner
+
+    def _complete_own(self, items: list[Completion]) -> list[StaleClaim | None]:
+        generation = self._consumer.generation
+        results: list[StaleClaim | None] = []
+        taken: list[tuple[int, Held]] = []
+        with self._lock:
+            for item in items:
+                held = self._held.pop(item.claim.token, None)
+                _OWNERS.pop(item.claim.token, None)
+                if held is None or held.delivery.generation != generation:
+                    results.append(self._stale(item.claim))
+                    continue
+                results.append(None)
+                taken.append((len(results) - 1, held))
+        outgoing: list[Outgoing] = []
+        now = self._clock.time()
+        for index, held in taken:
+            item = items[index]
+            message = replace(held.message, attempts=held.attempts)
+            if item.released:
+                continue  # the delivery goes back to this worker's heap, below
+            if item.state is JobState.SCHEDULED:
+                assert item.run_at is not None
+                again = replace(message, run_at=item.run_at, last_error=item.error)
+                outgoing.append(self._outgoing(again, item.run_at - now))
+            elif item.state is JobState.DEAD:
+                outgoing.append(self._buried(replace(message, last_error=item.error)))
+        try:
+            self._publisher.publish(outgoing, "finish a job")
+        except BaseException:
+            with self._lock:  # nothing was acked: the claims stay as they were
+                for index, held in taken:
+                    self._held[items[index].claim.token] = held
+                    _OWNERS[items[index].claim.token] = self
+            raise
+        acked = [(i, h) for i, h in taken if not items[i].released]
+        done = self._consumer.settle([(held.delivery, False) for _, held in acked])
+        for index, held in taken:
+            if items[index].released:
+                # Unstarted: back in the heap at its own deadline (its place in the due
+                # order), still unacked, so its next claim is the same attempt again.
+                held.delivery.note = RELEASED_NOTE
+                done.insert(len(done), self._consumer.put_back(held.delivery))
+                acked.append((index, held))
+        for (index, _held), ok in zip(acked, done, strict=True):
+            if not ok:
+                results[index] = self._stale(items[index].claim)
+        return results
+
+    def extend(self, claim: Claim, lease: float) -> Claim:
+        lease = check_lease(lease)
+        self._check_open()
+        owner = self._owner(claim)
+        if owner is not self:
+            return owner.extend(claim, lease)
+        generation = self._consumer.generation
+        with self._lock:
+            held = self._held.get(claim.token)
+            if held is None or held.delivery.generation != generation:
+                raise self._stale(claim)
+            held.lease_mono = SYSTEM_CLOCK.monotonic() + lease
+        lease_until = self._clock.time() + lease
+        return replace(
+            claim, job=replace(claim.job, lease_until=lease_until), lease_until=lease_until
+        )
+
+    def _next_lease_end(self) -> float | None:
+        with self._lock:
+            return min((h.lease_mono for h in self._held.values()), default=None)
+
+    def wait_for_due(self, max_wait: float) -> None:
+        """Sleep until a held delivery is due, one arrives earlier, a lease ends,
+        ``interrupt``, or ``max_wait``. Deliveries are pushed: no polling."""
+        max_wait = check_max_wait(max_wait)
+        self._check_open()
+        self._consumer.start()
+        self._consumer.resume()
+        self._consumer.wait(SYSTEM_CLOCK.monotonic() + max_wait, self._next_lease_end)
+
+    def interrupt(self) -> None:
+        self._consumer.interrupt()
+
+    # -- inspection and dead letters -------------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        raise self._unsupported("look a job up by id")
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        due_after: float | None = None,
+        due_before: float | None = None,
+        limit: int = 100,
+        name: str | None = None,
+        after: tuple[float, str] | None = None,
+    ) -> list[Job]:
+        raise self._unsupported("list jobs")
+
+    def next_due(self) -> float | None:
+        raise self._unsupported("tell the next due time")
+
+    def stats(self) -> Stats:
+        raise self._unsupported("count jobs by state")
+
+    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+        """Dead jobs, most recently buried first (reads the whole dead-letter queue)."""
+        limit = check_limit(limit)
+        self._check_open()
+        return self._dead.list(limit)
+
+    def requeue_dead(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> bool:
+        """Schedule a dead job again (attempts reset); False when no dead letter has that id."""
+        at, after = check_when(run_at, delay)
+        self._check_open()
+
+        def again(message: JobMessage) -> Outgoing:
+            now = self._clock.time()
+            wait = after if after is not None else (at or now) - now
+            return self._outgoing(replace(message, attempts=0, run_at=now + max(0.0, wait)), wait)
+
+        return self._dead.requeue(job_id, again)
+
+    def purge_dead(
+        self, *, job_ids: Sequence[str] | None = None, older_than: float | None = None
+    ) -> int:
+        """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
+        if isinstance(job_ids, str):
+            raise InvalidOption("job_ids must be a list of ids, not a str")
+        ids = None if job_ids is None else set(job_ids)
+        cutoff = None if older_than is None else check_run_at(older_than, "older_than")
+        self._check_open()
+        return self._dead.purge(ids, cutoff)
+
+    def close(self) -> None:
+        """Stop consuming (held deliveries return to the broker) and close the connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for token in self._held:
+                _OWNERS.pop(token, None)
+            self._held.clear()
+        self._consumer.close()
+        self._publisher.close()
