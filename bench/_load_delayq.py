@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from bench._peer_common import OUT_ENV
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
+from delayq.job import JobContext
 
 URL_ENV = "BENCH_LOAD_URL"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from delayq import DelayQ
-from delayq.metrics import Metrics, exposition_registry
+from delayq.observe.metrics import Metrics, exposition_registry
 from delayq.worker import JobResult
 
 

@@ -47,9 +47,9 @@ from typing import Any
 
 import redis
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
 from delayq.backends.redis import RedisBackend
-from delayq.job import JobSpec
+from delayq.job import JobContext, JobSpec
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from delayq.app import DelayQ, JobContext
-from delayq.job import Claim, JobState, Misfire
+from delayq.app import DelayQ
+from delayq.job import Claim, JobContext, JobState, Misfire
 from delayq.recurring import TICK_HANDLER
 from delayq.testing import FakeClock
 

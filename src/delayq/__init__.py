@@ -8,7 +8,7 @@ time.
 from __future__ import annotations
 
 from delayq.aio import AsyncDelayQ
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff
 from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
 from delayq.errors import (
@@ -31,7 +31,7 @@ from delayq.errors import (
     UnknownHandler,
     Unsupported,
 )
-from delayq.job import CancelOutcome, Job, JobState, Misfire, RescheduleOutcome
+from delayq.job import CancelOutcome, Job, JobContext, JobState, Misfire, RescheduleOutcome
 from delayq.recurring import MissedRuns, Schedule
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle

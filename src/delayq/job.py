@@ -6,7 +6,7 @@ are wall-clock epoch seconds on the deciding clock (the backend's).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -20,7 +20,9 @@ __all__ = [
     "CancelOutcome",
     "Claim",
     "EnqueueOutcome",
+    "Handler",
     "Job",
+    "JobContext",
     "JobSpec",
     "JobState",
     "Misfire",
@@ -280,3 +282,54 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a handler knows about the run it is part of.
+
+    ``id`` is the idempotency key: at-least-once delivery means a handler may
+    see the same id again (after a crash or an expired lease). Times are epoch
+    seconds on the backend's clock.
+    """
+
+    id: str
+    name: str
+    attempt: int  # 1 for the first run
+    max_attempts: int
+    run_at: float  # when the job was due
+    claimed_at: float  # when this attempt was claimed
+    lease_until: float
+    created_at: float
+
+    @property
+    def lateness(self) -> float:
+        """Seconds between the due time and the claim of this attempt."""
+        return self.claimed_at - self.run_at
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a failure now sends the job to the dead-letter set."""
+        return self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered handler and how to call it (decided once, at registration).
+
+    ``takes_context`` is true when the function accepts a second positional
+    argument: it is then called as ``fn(payload, ctx)``, else as ``fn(payload)``.
+    ``timeout`` (seconds, None for the worker's default) bounds one attempt.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    takes_context: bool
+    timeout: float | None = None
+
+    def call(self, payload: Any, ctx: JobContext) -> Any:
+        """Call the function (returns a coroutine for an async handler)."""
+        if self.takes_context:
+            return self.fn(payload, ctx)
+        return self.fn(payload)

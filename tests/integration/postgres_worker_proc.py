@@ -20,7 +20,8 @@ from typing import Any
 
 import psycopg
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
+from delayq.job import JobContext
 from delayq.worker import Worker
 
 

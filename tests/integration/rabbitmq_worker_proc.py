@@ -18,7 +18,8 @@ import threading
 import time
 from typing import Any
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
+from delayq.job import JobContext
 from delayq.worker import Worker
 
 

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("outdir")
     args = parser.parse_args(argv)
 
-    from delayq.app import DelayQ, JobContext  # noqa: PLC0415
+    from delayq.app import DelayQ  # noqa: PLC0415
+    from delayq.job import JobContext  # noqa: PLC0415
     from delayq.worker import Worker  # noqa: PLC0415
 
     app = DelayQ(args.url)

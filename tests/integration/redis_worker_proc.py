@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import redis  # noqa: PLC0415 - imported after the clock is skewed, like delayq
 
-    from delayq.app import DelayQ, JobContext  # noqa: PLC0415
+    from delayq.app import DelayQ  # noqa: PLC0415
+    from delayq.job import JobContext  # noqa: PLC0415
     from delayq.worker import Worker  # noqa: PLC0415
 
     app = DelayQ(args.url, prefix=args.prefix)

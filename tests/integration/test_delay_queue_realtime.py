@@ -17,8 +17,8 @@ import threading
 import pytest
 
 from delayq import AsyncDelayQueue, DelayedItem, DelayQueue, QueueClosed
+from delayq.cli.experiments import retry
 from delayq.clock import SYSTEM_CLOCK, SystemClock
-from delayq.experiments import retry
 from tests._util import wait_until
 
 PRODUCERS = 8

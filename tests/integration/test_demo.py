@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from delayq.cli import cli
-from delayq.demo import DemoConfig, run_demo
+from delayq.cli.demo import DemoConfig, run_demo
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from delayq import SYSTEM_CLOCK, DelayQueueTimer, HashedWheelTimer, TimingWheel
-from delayq.experiments import precision
+from delayq.cli.experiments import precision
 from tests._util import wait_until
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ import uvicorn
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from delayq.app import DelayQ
-from delayq.metrics import LatenessSeries
+from delayq.observe.metrics import LatenessSeries
 from delayq.web import create_app
 from tests.conftest import service_missing
 

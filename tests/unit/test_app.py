@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.backoff import ScheduleBackoff
 from delayq.codec import decode_payload, encode_payload
@@ -19,7 +19,7 @@ from delayq.errors import (
     JobConflict,
     PayloadTooLarge,
 )
-from delayq.job import CancelOutcome, JobState, RescheduleOutcome
+from delayq.job import CancelOutcome, JobContext, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
 
 T0 = 1_700_000_000.0

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from delayq.app import DelayQ
 from delayq.cli import cli
-from delayq.progress import progress
+from delayq.cli._progress import progress
 
 
 class _Terminal(io.StringIO):

@@ -20,7 +20,7 @@ from prometheus_client import multiprocess as prom_multiprocess
 
 from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
-from delayq.metrics import (
+from delayq.observe.metrics import (
     LATENESS_BUCKETS,
     LatenessSeries,
     Metrics,
@@ -203,7 +203,7 @@ def test_bucket_totals_sum_the_handlers_of_a_cumulative_histogram() -> None:
 _CHILD = textwrap.dedent(
     """
     import sys
-    from delayq.metrics import Metrics
+    from delayq.observe.metrics import Metrics
     from delayq.worker import JobResult
     m = Metrics()
     for i in range(int(sys.argv[1])):

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from delayq.app import DelayQ
 from delayq.cli import cli
+from delayq.cli.worker import WorkerOps
 from delayq.errors import ConfigurationError
-from delayq.logs import JsonFormatter, result_logger
-from delayq.ops import WorkerOps
+from delayq.observe.logs import JsonFormatter, result_logger
 from delayq.worker import JobResult
 
 pytest.importorskip("prometheus_client")

@@ -16,9 +16,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
-from delayq.otel import ENVELOPE_KEY, instrument, unwrap
+from delayq.job import JobContext
+from delayq.observe.otel import ENVELOPE_KEY, instrument, unwrap
 from delayq.testing import FakeClock
 from delayq.worker import JobResult, Worker
 

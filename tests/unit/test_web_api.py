@@ -18,7 +18,7 @@ from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import Unsupported
 from delayq.job import Job, JobState
-from delayq.metrics import LatenessSeries, Metrics
+from delayq.observe.metrics import LatenessSeries, Metrics
 from delayq.web import create_app, views
 from delayq.web.security import Guard, is_loopback
 from delayq.worker import JobResult
@@ -278,7 +278,7 @@ def test_a_store_without_cursor_support_is_paged_by_bounded_reads(
 
 _WORKER_CHILD = """
 import sys
-from delayq.metrics import Metrics
+from delayq.observe.metrics import Metrics
 from delayq.worker import JobResult
 m = Metrics()
 for i in range(int(sys.argv[1])):

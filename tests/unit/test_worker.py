@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from delayq.app import JobContext
 from delayq.backends.base import Completion
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import BackendUnavailable, InvalidOption, StaleClaim
-from delayq.job import Claim, JobState
+from delayq.job import Claim, JobContext, JobState
 from delayq.worker import JobResult, Worker, percentile
 from tests._util import wait_until
 from tests.unit._worker_harness import T0, TIMEOUT, Harness

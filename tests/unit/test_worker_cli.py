@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 import pytest
 from click.testing import CliRunner
 
-from delayq import cli as cli_module
 from delayq.app import DelayQ
 from delayq.cli import cli
+from delayq.cli import worker as cli_module
 from delayq.worker import Worker, WorkerStats
 
 

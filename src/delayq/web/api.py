@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from delayq._present import job_dict
 from delayq.errors import InvalidOption
 from delayq.job import JobState
 from delayq.web import views
+from delayq.web._dashboard import dashboard
 
-if TYPE_CHECKING:
-    from delayq.web.app import Dashboard
-
-__all__ = ["OPENAPI", "routes"]
+__all__ = ["OPENAPI", "ROUTES"]
 
 
 class _JSON(JSONResponse):
@@ -60,92 +59,85 @@ async def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def routes(dash: Dashboard) -> list[Route]:
-    app = dash.app
+async def overview(request: Request) -> _JSON:
+    dash = dashboard(request)
+    now = dash.app.clock.time()
+    data = await dash.call(
+        views.overview, dash.app, dash.series.points(), dash.series.slot_seconds, now
+    )
+    data["lateness_source"] = dash.lateness_source or None
+    return _JSON(data)
 
-    async def overview(request: Request) -> _JSON:
-        now = app.clock.time()
-        data = await dash.call(
-            views.overview, app, dash.series.points(), dash.series.slot_seconds, now
-        )
-        data["lateness_source"] = dash.lateness_source or None
-        return _JSON(data)
 
-    async def jobs(request: Request) -> _JSON:
-        filters = views.JobFilters.parse(request.query_params)
-        page, cursor = await dash.call(views.list_page, app, filters)
-        nxt = None if cursor is None else {"after_run_at": cursor[0], "after_id": cursor[1]}
-        return _JSON({"jobs": [views.job_dict(j) for j in page], "next": nxt})
+async def jobs(request: Request) -> _JSON:
+    dash = dashboard(request)
+    filters = views.JobFilters.parse(request.query_params)
+    page, cursor = await dash.call(views.list_page, dash.app, filters)
+    nxt = None if cursor is None else {"after_run_at": cursor[0], "after_id": cursor[1]}
+    return _JSON({"jobs": [job_dict(j) for j in page], "next": nxt})
 
-    async def job(request: Request) -> _JSON:
-        found = await dash.call(app.get, request.path_params["job_id"])
-        if found is None:
-            return _JSON({"error": "no job with this id", "outcome": "not_found"}, 404)
-        return _JSON(views.job_dict(found))
 
-    async def dead(request: Request) -> _JSON:
-        limit = views.JobFilters.parse(request.query_params).limit
-        jobs = await dash.call(app.dead_letters, limit=limit)
-        return _JSON({"jobs": [views.job_dict(j) for j in jobs]})
+async def job(request: Request) -> _JSON:
+    dash = dashboard(request)
+    found = await dash.call(dash.app.get, request.path_params["job_id"])
+    if found is None:
+        return _JSON({"error": "no job with this id", "outcome": "not_found"}, 404)
+    return _JSON(job_dict(found))
 
-    def action(fn: Any, accepted: frozenset[str] = frozenset()) -> Any:
-        async def endpoint(request: Request) -> _JSON:
-            dash.check_action(request, None)
-            job_id = request.path_params["job_id"]
-            body = await _body(request)
-            if not accepted.issuperset(body):
-                unknown = sorted(set(body) - accepted)
-                raise InvalidOption(f"unknown field(s) {unknown}; accepted: {sorted(accepted)}")
-            outcome = await dash.call(fn, app, job_id, **body)
-            status = 404 if outcome in ("not_found", "not_dead") else 200
-            return _JSON({"id": job_id, "outcome": outcome}, status)
 
-        return endpoint
+async def dead(request: Request) -> _JSON:
+    dash = dashboard(request)
+    limit = views.JobFilters.parse(request.query_params).limit
+    jobs = await dash.call(dash.app.dead_letters, limit=limit)
+    return _JSON({"jobs": [job_dict(j) for j in jobs]})
 
-    def cancel(a: Any, job_id: str) -> str:
-        return views.cancel(a, job_id)
 
-    def reschedule(a: Any, job_id: str, delay: Any = None, at: Any = None) -> str:
-        return views.reschedule(a, job_id, delay=delay, at=at)
+async def _act(request: Request, fn: Any, accepted: frozenset[str] = frozenset()) -> _JSON:
+    """Run an action of :mod:`~delayq.web.views` on the job of the path, with the
+    body's fields (only those ``accepted``) as keyword arguments."""
+    dash = dashboard(request)
+    dash.check_action(request, None)
+    job_id = request.path_params["job_id"]
+    body = await _body(request)
+    if not accepted.issuperset(body):
+        unknown = sorted(set(body) - accepted)
+        raise InvalidOption(f"unknown field(s) {unknown}; accepted: {sorted(accepted)}")
+    outcome = await dash.call(fn, dash.app, job_id, **body)
+    status = 404 if outcome in ("not_found", "not_dead") else 200
+    return _JSON({"id": job_id, "outcome": outcome}, status)
 
-    def requeue(a: Any, job_id: str) -> str:
-        return views.requeue(a, job_id)
 
-    async def purge(request: Request) -> _JSON:
-        dash.check_action(request, None)
-        body = await _body(request)
-        ids = body.get("ids")
-        if ids is not None and (
-            not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)
-        ):
-            raise InvalidOption("ids must be a list of job ids")
-        count = await dash.call(
-            views.purge,
-            app,
-            job_ids=ids,
-            older_than=body.get("older_than"),
-            everything=body.get("all") is True,
-        )
-        return _JSON({"purged": count})
+async def cancel(request: Request) -> _JSON:
+    return await _act(request, views.cancel)
 
-    async def openapi(request: Request) -> _JSON:
-        return _JSON(OPENAPI)
 
-    return [
-        Route("/api/overview", overview),
-        Route("/api/jobs", jobs),
-        Route("/api/jobs/{job_id:path}/cancel", action(cancel), methods=["POST"]),
-        Route(
-            "/api/jobs/{job_id:path}/reschedule",
-            action(reschedule, frozenset({"delay", "at"})),
-            methods=["POST"],
-        ),
-        Route("/api/jobs/{job_id:path}/requeue", action(requeue), methods=["POST"]),
-        Route("/api/jobs/{job_id:path}", job),
-        Route("/api/dead", dead),
-        Route("/api/dead/purge", purge, methods=["POST"]),
-        Route("/api/openapi.json", openapi),
-    ]
+async def reschedule(request: Request) -> _JSON:
+    return await _act(request, views.reschedule, frozenset({"delay", "at"}))
+
+
+async def requeue(request: Request) -> _JSON:
+    return await _act(request, views.requeue)
+
+
+async def purge(request: Request) -> _JSON:
+    dash = dashboard(request)
+    dash.check_action(request, None)
+    body = await _body(request)
+    ids = body.get("ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
+        raise InvalidOption("ids must be a list of job ids")
+    count = await dash.call(
+        views.purge,
+        dash.app,
+        job_ids=ids,
+        older_than=body.get("older_than"),
+        everything=body.get("all") is True,
+    )
+    return _JSON({"purged": count})
+
+
+async def openapi(request: Request) -> _JSON:
+    return _JSON(OPENAPI)
 
 
 def _outcome(words: list[str]) -> dict[str, Any]:
@@ -301,3 +293,16 @@ OPENAPI: dict[str, Any] = {
         },
     },
 }
+
+
+ROUTES = [
+    Route("/api/overview", overview),
+    Route("/api/jobs", jobs),
+    Route("/api/jobs/{job_id:path}/cancel", cancel, methods=["POST"]),
+    Route("/api/jobs/{job_id:path}/reschedule", reschedule, methods=["POST"]),
+    Route("/api/jobs/{job_id:path}/requeue", requeue, methods=["POST"]),
+    Route("/api/jobs/{job_id:path}", job),
+    Route("/api/dead", dead),
+    Route("/api/dead/purge", purge, methods=["POST"]),
+    Route("/api/openapi.json", openapi),
+]

@@ -8,7 +8,7 @@ SVG drawn on the server. A Content-Security-Policy forbids scripts anyway.
 Lateness over time comes from the most direct source available, and the
 overview says which:
 
-* ``series=``: a :class:`~delayq.metrics.LatenessSeries` fed by a worker's
+* ``series=``: a :class:`~delayq.observe.metrics.LatenessSeries` fed by a worker's
   ``on_result`` in this process (the dashboard runs inside the worker);
 * else, with ``PROMETHEUS_MULTIPROC_DIR`` set: the lateness histogram that the
   workers of this host write there, sampled every slot since the dashboard
@@ -24,31 +24,28 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import jinja2
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from delayq.app import DelayQ
 from delayq.errors import DelayqError, InvalidInput, Unsupported
-from delayq.metrics import (
+from delayq.observe.metrics import (
     LatenessSeries,
     Metrics,
     exposition_registry,
-    lateness_bucket_totals,
     multiprocess_dir,
 )
 from delayq.web import api, pages
-from delayq.web.security import COOKIE, CSRF_FIELD, CSRF_HEADER, Guard
+from delayq.web._dashboard import Dashboard, dashboard
+from delayq.web.security import COOKIE, Guard
 
-__all__ = ["Dashboard", "create_app"]
+__all__ = ["create_app"]
 
 log = logging.getLogger("delayq.web")
 
@@ -65,95 +62,6 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-
-
-class Dashboard:
-    """What every request handler shares: the app, the guard, the lateness source."""
-
-    def __init__(
-        self,
-        app: DelayQ,
-        guard: Guard,
-        *,
-        metrics: Metrics | None,
-        series: LatenessSeries | None,
-    ) -> None:
-        self.app = app
-        self.guard = guard
-        self.metrics = metrics
-        self.sampled = series is None and multiprocess_dir() is not None
-        self.series = series if series is not None else LatenessSeries()
-        if series is not None:
-            self.lateness_source = "this process's worker"
-        elif self.sampled:
-            self.lateness_source = (
-                f"the workers writing to {multiprocess_dir()} (since this dashboard started)"
-            )
-        else:
-            self.lateness_source = ""
-        self._last_totals: list[int] | None = None
-        self.templates = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-        )
-
-    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a (blocking) store call off the event loop."""
-        return await run_in_threadpool(fn, *args, **kwargs)
-
-    def sample(self) -> None:
-        """Add what the multiprocess histogram gained since the last sample."""
-        from prometheus_client import CollectorRegistry, multiprocess  # noqa: PLC0415
-
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=multiprocess_dir())  # type: ignore[no-untyped-call]
-        totals = lateness_bucket_totals(registry)
-        if totals is None:
-            return
-        last, self._last_totals = self._last_totals, totals
-        if last is None:
-            return  # the baseline: what happened before this dashboard started is not dated
-        delta = [max(0, a - b) for a, b in zip(totals, last, strict=True)]
-        if any(delta):
-            self.series.add_counts(delta)
-
-    # -- security ----------------------------------------------------------------------
-    def authenticated(self, request: Request) -> str | None:
-        """How the request proves the token: 'bearer', 'cookie' or None."""
-        if self.guard.token_ok(self.guard.bearer(request.headers.get("authorization"))):
-            return "bearer"
-        if self.guard.session_ok(request.cookies.get(COOKIE)):
-            return "cookie"
-        return None
-
-    def check_action(self, request: Request, form_csrf: str | None) -> None:
-        """Refuse a state-changing request without the token, or (by cookie) without CSRF."""
-        how = self.authenticated(request)
-        if how is None:
-            raise HTTPException(401, "this action needs the dashboard token")
-        if how == "bearer":
-            return
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            raise HTTPException(403, "cross-origin request refused")
-        given = form_csrf if form_csrf is not None else request.headers.get(CSRF_HEADER)
-        if not self.guard.csrf_ok(given):
-            raise HTTPException(403, "missing or wrong CSRF value; reload the page and try again")
-
-    def render(
-        self, request: Request, template: str, status: int = 200, **context: Any
-    ) -> Response:
-        acting = self.authenticated(request) is not None
-        html = self.templates.get_template(template).render(
-            request_path=request.url.path,
-            can_act=acting,
-            csrf=self.guard.csrf if acting else "",
-            csrf_field=CSRF_FIELD,
-            urlencode=urlencode,
-            **context,
-        )
-        return HTMLResponse(html, status_code=status)
 
 
 def create_app(
@@ -176,32 +84,9 @@ def create_app(
     guard = Guard(token or secrets.token_urlsafe(24), require_for_reads=require_token_for_reads)
     dash = Dashboard(app, guard, metrics=metrics, series=series)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        task = asyncio.create_task(_sampler(dash)) if dash.sampled else None
-        try:
-            yield
-        finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    async def metrics_endpoint(request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
-
-        registry = exposition_registry(dash.metrics, app.backend)
-        body = await dash.call(generate_latest, registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    routes = [
-        *pages.routes(dash),
-        *api.routes(dash),
-        Route("/metrics", metrics_endpoint),
-    ]
     web = Starlette(
-        routes=routes,
-        lifespan=lifespan,
+        routes=[*pages.ROUTES, *api.ROUTES, Route("/metrics", _metrics)],
+        lifespan=_lifespan,
         exception_handlers={
             HTTPException: _http_error,
             InvalidInput: _bad_input,
@@ -212,6 +97,28 @@ def create_app(
     web.add_middleware(_GuardMiddleware, dash=dash)
     web.state.dashboard = dash
     return web
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(web: Starlette) -> AsyncIterator[None]:
+    dash: Dashboard = web.state.dashboard
+    task = asyncio.create_task(_sampler(dash)) if dash.sampled else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
+
+    dash = dashboard(request)
+    registry = exposition_registry(dash.metrics, dash.app.backend)
+    body = await dash.call(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 async def _sampler(dash: Dashboard) -> None:
@@ -279,8 +186,9 @@ def _wants_json(request: Request) -> bool:
 def _error_response(request: Request, status: int, message: str) -> Response:
     if _wants_json(request):
         return JSONResponse({"error": message}, status_code=status)
-    dash: Dashboard = request.app.state.dashboard
-    return dash.render(request, "error.html", status=status, status_code=status, message=message)
+    return dashboard(request).render(
+        request, "error.html", status=status, status_code=status, message=message
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -13,26 +13,22 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from delayq._present import iso, parse_time
 from delayq.app import DelayQ
 from delayq.backoff import parse_duration
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState
-from delayq.logs import JOB_FIELD
-from delayq.metrics import SeriesPoint
+from delayq.observe.logs import JOB_FIELD
+from delayq.observe.metrics import SeriesPoint
 
 __all__ = [
     "PAGE_SIZE",
     "JobFilters",
-    "iso",
-    "job_dict",
     "lateness_svg",
     "list_page",
     "overview",
-    "parse_when",
-    "relative",
 ]
 
 PAGE_SIZE = 50
@@ -50,22 +46,6 @@ def _logged(action: str, job_id: str, outcome: str) -> str:
         extra={JOB_FIELD: {"job_id": job_id, "action": action, "outcome": outcome}},
     )
     return outcome
-
-
-def iso(epoch: float | None) -> str | None:
-    """``epoch`` as ISO 8601 UTC to the millisecond, or None."""
-    if epoch is None or not math.isfinite(epoch):
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-
-
-def relative(epoch: float | None, now: float) -> str:
-    """``in 5m`` / ``12s ago`` / ``-`` (for tables)."""
-    if epoch is None:
-        return "-"
-    delta = epoch - now
-    text = _span(abs(delta))
-    return f"in {text}" if delta > 0 else f"{text} ago"
 
 
 def _span(seconds: float) -> str:
@@ -86,48 +66,12 @@ def seconds_text(seconds: float | None) -> str:
     return _span(seconds)
 
 
-def parse_when(text: str | None, field: str) -> float | None:
-    """A due-window bound from a form or query: epoch seconds or ISO 8601 (UTC
-    when no offset is given, as a browser's datetime-local sends it)."""
+def _bound(text: str | None, field: str) -> float | None:
+    """A due-window bound from a form or query (:func:`~delayq._present.parse_time`),
+    None when empty."""
     if text is None or not text.strip():
         return None
-    text = text.strip()
-    try:
-        value = float(text)
-    except ValueError:
-        try:
-            when = datetime.fromisoformat(text)
-        except ValueError:
-            raise InvalidOption(
-                f"{field} must be epoch seconds or an ISO 8601 time, got {text!r}"
-            ) from None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        return when.timestamp()
-    if not math.isfinite(value):
-        raise InvalidOption(f"{field} must be a finite number of epoch seconds, got {text!r}")
-    return value
-
-
-def job_dict(job: Job) -> dict[str, Any]:
-    """A job as JSON data (times as epoch seconds and ISO 8601 UTC)."""
-    return {
-        "id": job.id,
-        "name": job.name,
-        "state": job.state.value,
-        "payload": job.payload,
-        "run_at": job.run_at,
-        "run_at_iso": iso(job.run_at),
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "backoff": job.backoff,
-        "misfire": job.misfire,
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "lease_until": job.lease_until,
-        "last_error": job.last_error,
-        "outcome": job.outcome,
-    }
+    return parse_time(text, field)
 
 
 def pretty_payload(payload: Any) -> str:
@@ -158,7 +102,7 @@ class JobFilters:
             state_value = None
         after = None
         if query.get("after_id"):
-            run_at = parse_when(query.get("after_run_at"), "after_run_at")
+            run_at = _bound(query.get("after_run_at"), "after_run_at")
             if run_at is None:
                 raise InvalidOption("after_id needs after_run_at (the cursor is both)")
             after = (run_at, query["after_id"])
@@ -171,8 +115,8 @@ class JobFilters:
         return cls(
             state=state_value,
             name=(query.get("name") or "").strip() or None,
-            due_after=parse_when(query.get("due_after"), "due_after"),
-            due_before=parse_when(query.get("due_before"), "due_before"),
+            due_after=_bound(query.get("due_after"), "due_after"),
+            due_before=_bound(query.get("due_before"), "due_before"),
             after=after,
             limit=limit,
         )
@@ -362,7 +306,7 @@ def _when_args(delay: object, at: object) -> dict[str, float]:
             return {"delay": float(delay)}
         return {"delay": parse_duration(str(delay).strip())}
     when = at if isinstance(at, int | float) and not isinstance(at, bool) else None
-    return {"at": when if when is not None else parse_when(str(at), "at") or 0.0}
+    return {"at": when if when is not None else parse_time(str(at), "at")}
 
 
 def cancel(app: DelayQ, job_id: str) -> str:

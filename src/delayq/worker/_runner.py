@@ -36,8 +36,9 @@ import threading
 from collections.abc import Awaitable
 from typing import Any
 
-from delayq.app import DelayQ, Handler, JobContext
+from delayq.app import DelayQ
 from delayq.clock import Clock
+from delayq.job import Handler, JobContext
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, decide, format_error, timeout_error
 from delayq.worker._inflight import InFlight, InFlightTable

@@ -9,7 +9,7 @@
 The model, with no I/O: a :class:`Schedule` (as stored through the store's
 :class:`~delayq.backends.base.ScheduleStore`), its occurrences, the job ids of
 an occurrence (``<name>@<UTC time>``) and of its tick, and :func:`plan`, what
-one tick does. :mod:`delayq.recurring_manager` stores, edits and runs them;
+one tick does. :mod:`delayq.recurring.schedules` stores, edits and runs them;
 ARCHITECTURE.md ("Recurring schedules") tells how the tick chain needs no
 leader process.
 

@@ -11,7 +11,7 @@ ran, the error, and the mean error per run. The seed measured about 30 ms mean
 error on the wheel (quantisation to the 50 ms tick: a deadline waits for the
 next boundary) and 2.2 ms on the DelayQueue. No timer ever fires early.
 
-Run it with ``python -m delayq.experiments.precision`` or
+Run it with ``python -m delayq.cli.experiments.precision`` or
 ``delayq experiment precision``.
 """
 

@@ -17,8 +17,8 @@ from typing import Any, TextIO
 import click
 
 from delayq.app import DelayQ
+from delayq.cli._progress import progress
 from delayq.errors import DelayqError, InvalidInput
-from delayq.progress import progress
 
 __all__ = ["read_jobs", "schedule_many_command"]
 

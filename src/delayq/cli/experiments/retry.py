@@ -7,7 +7,7 @@ in ``take()`` until it is due. The timeline prints the measured offset of each
 attempt from the first one, so the gap shows the backoff plus the queue's
 lateness::
 
-    python -m delayq.experiments.retry      # or: delayq experiment retry
+    python -m delayq.cli.experiments.retry      # or: delayq experiment retry
 """
 
 from __future__ import annotations

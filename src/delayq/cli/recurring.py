@@ -14,17 +14,17 @@ from typing import Any
 import click
 from rich.table import Table
 
-from delayq.cli import (
+from delayq._present import iso
+from delayq.cli._common import (
     _JSON_OPTION,
     _BadInput,
     _console,
     _duration,
     _echo_json,
-    _iso,
     _maybe_when,
     _open_app,
-    _when,
 )
+from delayq.cli._render import when
 from delayq.recurring import Schedule
 
 __all__ = ["recurring", "schedule_to_dict"]
@@ -39,7 +39,7 @@ def _timing(schedule: Schedule) -> str:
 def schedule_to_dict(schedule: Schedule, now: float) -> dict[str, Any]:
     """A schedule as JSON-ready data, with its next run (epoch seconds and ISO 8601 UTC)."""
     data = schedule.as_dict(now)
-    data["next_run_iso"] = _iso(data["next_run"])
+    data["next_run_iso"] = iso(data["next_run"])
     return data
 
 
@@ -67,7 +67,7 @@ def ls(ctx: click.Context, as_json: bool) -> None:
             s.name,
             s.handler,
             _timing(s),
-            _when(s.next_run(now), now),
+            when(s.next_run(now), now),
             s.misfire,
             "paused" if s.paused else "active",
         )
@@ -139,7 +139,7 @@ def add(
     state = " (paused)" if schedule.paused else ""
     click.echo(
         f"schedule {schedule.name}{state}: {_timing(schedule)}, next run "
-        f"{_when(schedule.next_run(now), now)}"
+        f"{when(schedule.next_run(now), now)}"
     )
 
 

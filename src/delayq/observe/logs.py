@@ -13,8 +13,9 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from delayq._present import iso
 
 if TYPE_CHECKING:
     from delayq.worker import JobResult
@@ -31,7 +32,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": iso(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

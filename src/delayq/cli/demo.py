@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import sys
 import tempfile
 import threading
 from collections import Counter, deque
@@ -30,17 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from delayq.app import DelayQ, JobContext
+from delayq.app import DelayQ
+from delayq.cli._common import _BadInput, _console, _errors, _fail
+from delayq.cli.experiments import EXPERIMENTS
 from delayq.clock import SYSTEM_CLOCK
-from delayq.job import CancelOutcome, JobState
+from delayq.job import CancelOutcome, JobContext, JobState
 from delayq.worker import JobResult, Worker
 
-__all__ = ["DemoConfig", "DemoSummary", "run_demo"]
+__all__ = ["DemoConfig", "DemoSummary", "demo", "experiment", "run_demo"]
 
 # The story at speed 1, in demo seconds (what each stands for, in the shop's time).
 CANCEL_AFTER = 20.0  # "30 minutes" without payment
@@ -404,3 +409,58 @@ def _check(s: DemoSummary, app: DelayQ) -> None:
     for message, holds in expect:
         if not holds():
             s.problems.append(message)
+
+
+# -- the commands ------------------------------------------------------------
+@click.command()
+@click.option(
+    "--duration",
+    type=float,
+    default=None,
+    help="Wall-clock seconds the story takes (default 60). Sets --speed.",
+)
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Time factor.")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="SQLite file to use (default: a fresh file in a temporary directory).",
+)
+@click.option("--orders", type=int, default=None, help="How many orders (default 90).")
+@click.option("--seed", type=int, default=7, show_default=True)
+def demo(
+    *, duration: float | None, speed: float, db: str | None, orders: int | None, seed: int
+) -> None:
+    """The order story on SQLite, time compressed to about a minute.
+
+    Unpaid orders are cancelled after "30 minutes", paid ones get their cancel
+    job cancelled, delivered orders get an automatic review "24 hours" later,
+    and a flaky webhook is retried at "2s, 5s, 10s, 20s" before dead-lettering.
+    """
+    if duration is not None:
+        if not duration > 0:
+            raise _BadInput(f"--duration must be > 0 seconds, got {duration}")
+        speed = DemoConfig.story_seconds() / duration
+    if not (speed > 0 and math.isfinite(speed)):
+        raise _BadInput(f"--speed must be a positive number, got {speed}")
+    if db is not None and os.path.exists(db):
+        raise _BadInput(f"--db {db} exists; the demo needs a new file (or none: a temp file)")
+    config = DemoConfig(speed=speed, seed=seed)
+    if orders is not None:
+        if orders < 1:
+            raise _BadInput(f"--orders must be >= 1, got {orders}")
+        config = DemoConfig(speed=speed, seed=seed, orders=orders)
+    with _errors():
+        summary = run_demo(config, db_path=db, console=_console())
+    if not summary.ok:
+        _fail("the demo found a problem: " + "; ".join(summary.problems))
+
+
+@click.command()
+@click.argument("name")
+def experiment(name: str) -> None:
+    """Run a seed experiment: retry (backoff on a DelayQueue) or precision (wheels vs queue)."""
+    entry = EXPERIMENTS.get(name)
+    if entry is None:
+        raise _BadInput(f"unknown experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}")
+    entry(sys.stdout)

@@ -107,7 +107,7 @@ def web(
 def _setup_logging(level: str, log_format: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
-        from delayq.logs import JsonFormatter  # noqa: PLC0415
+        from delayq.observe.logs import JsonFormatter  # noqa: PLC0415
 
         formatter: logging.Formatter = JsonFormatter()
     else:

@@ -2,7 +2,7 @@
 
 :class:`RecurringSchedules` is what ``DelayQ.recurring`` and its siblings
 delegate to. The model (schedules, occurrences, the pure ``plan`` of a tick)
-is :mod:`delayq.recurring`; this module adds the input checks (through the
+is :mod:`delayq.recurring.model`; this module adds the input checks (through the
 app's own ``build``, so job options are checked and defaulted exactly as for
 ``schedule``), the compare-and-set edits of the stored record, and the tick
 handler that extends the chain.
@@ -16,7 +16,8 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 from delayq._validate import (
     MAX_DELAY,
@@ -25,10 +26,11 @@ from delayq._validate import (
     check_schedule_name,
     check_seconds,
 )
-from delayq.backends.base import ScheduleStore
+from delayq.backends.base import Backend, ScheduleStore
+from delayq.clock import Clock
 from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
-from delayq.job import EnqueueOutcome, JobSpec, JobState
-from delayq.recurring import (
+from delayq.job import EnqueueOutcome, JobContext, JobSpec, JobState
+from delayq.recurring.model import (
     LEAD,
     MIN_EVERY,
     TICK_HANDLER,
@@ -42,10 +44,7 @@ from delayq.recurring import (
     tick_id,
 )
 
-if TYPE_CHECKING:
-    from delayq.app import DelayQ, JobContext
-
-__all__ = ["RecurringSchedules"]
+__all__ = ["JobFactory", "RecurringSchedules"]
 
 _TICK_MAX_ATTEMPTS = 100  # a tick fails only when the store does; keep trying for hours
 _TICK_BACKOFF: dict[str, Any] = {"kind": "exponential", "base": 1.0, "factor": 2.0, "cap": 300.0}
@@ -54,6 +53,27 @@ _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
 # an edit settles those within twice that, for a producer clock a little behind.
 _SETTLE_WINDOW = 2 * LEAD
 _SETTLE_MAX = 100
+
+
+class JobFactory(Protocol):
+    """What the schedules need of their app (:class:`~delayq.app.DelayQ` is one):
+    its store, its clock, and its checks of job arguments."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def build(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        delay: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        backoff: Any = None,
+    ) -> JobSpec: ...
 
 
 class RecurringSchedules:
@@ -68,7 +88,7 @@ class RecurringSchedules:
     thread-safe for ``uniform``), so it is safe to share between threads.
     """
 
-    def __init__(self, app: DelayQ, *, rng: random.Random | None = None) -> None:
+    def __init__(self, app: JobFactory, *, rng: random.Random | None = None) -> None:
         self._app = app
         self._rng = rng if rng is not None else random.Random()
 

@@ -1,0 +1,112 @@
+"""One rendering of jobs and times for every front end (CLI, dashboard, JSON API, logs).
+
+* :func:`iso`: epoch seconds as ISO 8601 UTC **to the millisecond**
+  (``2030-01-01T08:00:00.000+00:00``), the precision the stores keep.
+* :func:`relative`: ``in 29m 59s`` / ``1h 5m ago`` / ``250ms ago`` (two units, exact
+  to the second, for tables).
+* :func:`job_dict`: a job as JSON data, its times as epoch seconds plus ``run_at_iso``.
+* :func:`parse_time` / :func:`parse_when`: a time typed by a person. An ISO 8601 time
+  **without an offset is read as UTC** (the dashboard shows UTC, and a browser's
+  ``datetime-local`` field sends no offset), so the CLI and the dashboard read the
+  same text as the same instant.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from delayq.backoff import parse_duration
+from delayq.errors import InvalidInput, InvalidOption
+from delayq.job import Job
+
+__all__ = ["iso", "job_dict", "parse_time", "parse_when", "relative"]
+
+
+def iso(epoch: float | None) -> str | None:
+    """``epoch`` as ISO 8601 UTC to the millisecond, or None (also for NaN / infinity)."""
+    if epoch is None or not math.isfinite(epoch):
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def relative(epoch: float | None, now: float) -> str:
+    """``in 5m 3s`` / ``12.0s ago`` / ``-`` for none."""
+    if epoch is None:
+        return "-"
+    seconds = epoch - now
+    s = abs(seconds)
+    if s < 1:
+        text = f"{s * 1000:.0f}ms"
+    elif s < 60:
+        text = f"{s:.1f}s"
+    elif s < 3600:
+        text = f"{int(s // 60)}m {int(s % 60)}s"
+    elif s < 86400:
+        text = f"{int(s // 3600)}h {int(s % 3600 // 60)}m"
+    else:
+        text = f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    """A job as JSON-ready data (times as epoch seconds, the due time also as ISO 8601 UTC)."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "payload": job.payload,
+        "run_at": job.run_at,
+        "run_at_iso": iso(job.run_at),
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "backoff": job.backoff,
+        "misfire": job.misfire,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "lease_until": job.lease_until,
+        "last_error": job.last_error,
+        "outcome": job.outcome,
+    }
+
+
+def parse_time(text: str, field: str) -> float:
+    """An absolute time: epoch seconds or ISO 8601 (UTC when it has no offset), as
+    epoch seconds; else :class:`~delayq.errors.InvalidOption` naming ``field``."""
+    value = text.strip()
+    try:
+        number = float(value)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number):
+            raise InvalidOption(f"{field} must be a finite number of epoch seconds, got {text!r}")
+        return number
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidOption(
+            f"{field}: cannot read {text!r} as a time; use 'now', '+10m', '-1h', "
+            f"an ISO 8601 time (2030-01-01T09:00:00+01:00; UTC without an offset) "
+            f"or epoch seconds"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def parse_when(text: str, *, now: float, field: str) -> float:
+    """``now``, ``+10m`` / ``-1h`` / ``+30`` (relative: a sign always means "from
+    now", a bare number of seconds included), or an absolute time
+    (:func:`parse_time`), as epoch seconds."""
+    value = text.strip()
+    if value == "now":
+        return now
+    if value[:1] in "+-" and value[1:2].isdigit():
+        try:
+            seconds = parse_duration(value[1:])
+        except InvalidInput as exc:
+            raise InvalidOption(f"{field}: {exc}") from exc
+        return now + seconds if value[0] == "+" else now - seconds
+    return parse_time(value, field)

@@ -1,0 +1,327 @@
+"""``delayq worker TARGET``: run an app's handlers, and operate the process.
+
+:class:`WorkerOps` adds what a worker process serves besides its jobs
+(``/metrics``, per-job log lines, an embedded dashboard): ``delayq worker
+--metrics-port N --web-port M --log-format json`` builds one and passes its
+:meth:`~WorkerOps.on_result` to the worker. It is tested without a CLI runner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import click
+from rich.logging import RichHandler
+
+from delayq.app import URL_ENV, DelayQ
+from delayq.cli._common import _BadInput, _duration, _errors, _fail, _require_durable, _Settings
+from delayq.cli.web import TOKEN_ENV
+from delayq.clock import SYSTEM_CLOCK
+from delayq.errors import ConfigurationError
+from delayq.observe.logs import JsonFormatter, result_logger
+from delayq.observe.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
+from delayq.worker import Worker
+
+if TYPE_CHECKING:
+    from delayq.worker import JobResult
+
+__all__ = ["LogFormat", "WorkerOps", "worker"]
+
+LogFormat = Literal["text", "json"]
+
+log = logging.getLogger("delayq.worker")
+
+
+class WorkerOps:
+    """Metrics and per-job logs for one worker process.
+
+    Per-job lines are logged at INFO with ``--log-format json`` (for a log
+    pipeline) and at DEBUG otherwise (the readable default stays quiet).
+    ``start()`` serves ``/metrics`` on ``metrics_host:metrics_port`` when a port
+    is given. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) the served
+    numbers are the sum over this host's worker processes, so when the port is
+    taken by a sibling this process only writes its samples and says so.
+
+    ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
+    a thread), its lateness chart fed by this worker's ``on_result``; the token
+    comes from ``$DELAYQ_WEB_TOKEN`` or is made up and logged in a login link.
+    """
+
+    def __init__(
+        self,
+        app: DelayQ,
+        *,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        log_format: LogFormat = "text",
+        web_port: int | None = None,
+    ) -> None:
+        for option, port in (("--metrics-port", metrics_port), ("--web-port", web_port)):
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigurationError(f"{option} must be 0..65535, got {port}")
+        self.app = app
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.web_port = web_port
+        self.series = LatenessSeries() if web_port is not None else None
+        wanted = metrics_port is not None or web_port is not None
+        self.metrics = Metrics(series=self.series).instrument(app) if wanted else None
+        self._web: Any = None
+        self._web_thread: threading.Thread | None = None
+        self.web_url: str | None = None
+        level = logging.INFO if log_format == "json" else logging.DEBUG
+        self._log_result = result_logger(logging.getLogger("delayq.jobs"), level)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None  # the port actually served (0 picks a free one)
+
+    def on_result(self, result: JobResult) -> None:
+        """Pass as ``Worker(on_result=...)``."""
+        if self.metrics is not None:
+            self.metrics.on_result(result)
+        self._log_result(result)
+
+    def start(self) -> None:
+        """Serve ``/metrics`` and the dashboard if ports were given (see the class docstring)."""
+        if self.web_port is not None:
+            self._start_web(self.web_port)
+        if self.metrics_port is None:
+            return
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        registry = exposition_registry(self.metrics, self.app.backend)
+        try:
+            self._server, self._thread = start_http_server(
+                self.metrics_port, addr=self.metrics_host, registry=registry
+            )
+        except OSError as exc:
+            if multiprocess_dir() is None:
+                raise ConfigurationError(
+                    f"cannot serve metrics on {self.metrics_host}:{self.metrics_port}: {exc}"
+                ) from exc
+            log.info(
+                "metrics port %d is taken (another worker of this host serves the sum over "
+                "%s); this worker writes its samples there",
+                self.metrics_port,
+                multiprocess_dir(),
+            )
+            return
+        self.port = self._server.server_port
+        log.info("metrics on http://%s:%d/metrics", self.metrics_host, self.port)
+
+    def _start_web(self, port: int) -> None:
+        try:
+            import uvicorn  # noqa: PLC0415
+
+            from delayq.web import create_app  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"--web-port needs {exc.name or 'the web extra'}: pip install 'delayq[web]'"
+            ) from exc
+        given = os.environ.get(TOKEN_ENV) or None
+        token = given or secrets.token_urlsafe(24)
+        site = create_app(self.app, token=token, metrics=self.metrics, series=self.series)
+        config = uvicorn.Config(
+            site, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="none"
+        )
+        self._web = uvicorn.Server(config)
+        self._web_thread = threading.Thread(target=self._web.run, name="delayq-web", daemon=True)
+        self._web_thread.start()
+        deadline = SYSTEM_CLOCK.monotonic() + 30
+        while not self._web.started:
+            if not self._web_thread.is_alive() or SYSTEM_CLOCK.monotonic() > deadline:
+                raise ConfigurationError(f"cannot serve the dashboard on 127.0.0.1:{port}")
+            SYSTEM_CLOCK.sleep(0.01)
+        bound = self._web.servers[0].sockets[0].getsockname()[1]
+        self.web_url = f"http://127.0.0.1:{bound}/"
+        login = self.web_url if given else f"{self.web_url}?token={token}"
+        log.info("dashboard on %s", login)
+
+    def close(self) -> None:
+        """Stop serving; in multiprocess mode mark this process's live gauges dead."""
+        if self._web is not None:
+            self._web.should_exit = True
+            if self._web_thread is not None:
+                self._web_thread.join(10)
+            self._web = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self.metrics is not None and multiprocess_dir() is not None:
+            from prometheus_client import multiprocess  # noqa: PLC0415
+
+            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+# -- the command ----------------------------------------------------------------------
+def _load_app(target: str, url: str | None) -> DelayQ:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise _BadInput(f"TARGET must look like 'package.module:app', got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if url is not None:
+        os.environ[URL_ENV] = url  # an app built with DelayQ() picks it up
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name!r}: {exc}")
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        _fail(f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(obj, DelayQ) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, DelayQ):
+        _fail(f"{target} is a {type(obj).__name__}, not a DelayQ app (or a function returning one)")
+    return obj
+
+
+def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
+    """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
+    handler: logging.Handler
+    if log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+    elif sys.stderr.isatty():
+        handler = RichHandler(show_path=False, rich_tracebacks=True)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+        )
+    root = logging.getLogger("delayq")
+    saved = (list(root.handlers), root.level, root.propagate)
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+    def restore() -> None:
+        root.handlers[:], root.level, root.propagate = saved
+
+    return restore
+
+
+@click.command()
+@click.argument("target")
+@click.option("-c", "--concurrency", default=8, show_default=True, help="Handlers run at once.")
+@click.option("--lease", default="30s", show_default=True, help="Lease per claim (renewed).")
+@click.option("--batch", type=int, default=None, help="Most jobs per claim (default concurrency).")
+@click.option("--grace", default="30s", show_default=True, help="Time to finish on stop.")
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Jobs claimed ahead of free slots under a backlog (default concurrency / 2).",
+)
+@click.option(
+    "--timeout",
+    default=None,
+    help="Longest run of one attempt, e.g. '5m', for handlers without their own timeout.",
+)
+@click.option(
+    "--unknown-handler-grace",
+    default="5m",
+    show_default=True,
+    help="How long jobs naming an unknown handler are retried before they are dead-lettered.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    *,
+    target: str,
+    concurrency: int,
+    lease: str,
+    batch: int | None,
+    grace: str,
+    prefetch: int | None,
+    timeout: str | None,
+    unknown_handler_grace: str,
+    log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    web_port: int | None,
+    log_format: str,
+) -> None:
+    """Run the handlers of the DelayQ app TARGET ('package.module:app').
+
+    Stops gracefully on SIGINT / SIGTERM: no new claims, in-flight jobs get the
+    grace period to finish; a second signal stops at once.
+    """
+    settings: _Settings = ctx.ensure_object(_Settings)
+    _require_durable(settings.url)
+    with _errors():
+        app = _load_app(target, settings.url)
+        ops = WorkerOps(
+            app,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            log_format="json" if log_format == "json" else "text",
+            web_port=web_port,
+        )
+        w = Worker(
+            app,
+            concurrency=concurrency,
+            lease=_duration(lease, "--lease"),
+            batch=batch,
+            grace=_duration(grace, "--grace"),
+            prefetch=prefetch,
+            timeout=None if timeout is None else _duration(timeout, "--timeout"),
+            unknown_handler_grace=_duration(unknown_handler_grace, "--unknown-handler-grace"),
+            on_result=ops.on_result,
+        )
+    restore_logging = _setup_logging(log_level, log_format)
+    log = logging.getLogger("delayq.worker")
+    if settings.url is not None and app.url != settings.url:
+        log.warning(
+            "%s opens its own store %s; --url %s is not used", target, app.url, settings.url
+        )
+    log.info(
+        "worker %d: %s on %s, handlers: %s; concurrency %d, lease %.1fs",
+        os.getpid(),
+        target,
+        app.url,
+        ", ".join(sorted(app.handlers)) or "none",
+        w.concurrency,
+        w.lease,
+    )
+    try:
+        with _errors():
+            ops.start()
+        w.run()
+    finally:
+        ops.close()
+        stats = w.stats()
+        log.info(
+            "worker stopped: %d claimed, %d succeeded, %d retried, %d dead, %d skipped",
+            stats.claimed,
+            stats.succeeded,
+            stats.retried,
+            stats.dead,
+            stats.skipped,
+        )
+        app.close()
+        restore_logging()
