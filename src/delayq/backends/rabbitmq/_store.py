@@ -55,9 +55,10 @@ _TOKENS = itertools.count(1)
 _OWNERS: weakref.WeakValueDictionary[int, RabbitMQBackend] = weakref.WeakValueDictionary()
 """token -> the handle holding that claim's delivery (an ack must go back on its channel)."""
 
-_FINISHED_FOR = 600.0
-"""Seconds a finish that could not reach the broker waits for the message's redelivery."""
-_FINISHED_KEEP = 10_000
+_FINISHED_FOR = 60.0
+"""Seconds a finish (or an ack) is kept for a redelivery of its message."""
+_FINISHED_KEEP = 20_000
+"""At most this many kept (the oldest go first): a few seconds of acks at full speed."""
 
 _NO_INDEX = (
     "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
@@ -257,6 +258,7 @@ class RabbitMQBackend(CompletesInBatches):
                     self._consumer.put_back(delivery)
                 raise
             self._consumer.settle([(d, False) for d, _ in burials])
+            self._acked([d for d, _ in burials])
         return claims
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -300,15 +302,25 @@ class RabbitMQBackend(CompletesInBatches):
             finished = self._finished.pop(instance, None)
         return None if finished is None else finished[0]
 
-    def _remember(self, held: Held, outcome: Adopted) -> None:
-        """Keep a finish that could not reach the broker (call locked)."""
+    def _remember(self, instance: str, outcome: Adopted) -> None:
+        """Keep what a redelivery of ``instance`` should become: the finish of a claim
+        whose connection was lost, or "ack" for a message acked (an ack can be lost
+        with its connection; then the broker delivers it again) (call locked)."""
+        if not instance:
+            return
         now = SYSTEM_CLOCK.monotonic()
         if len(self._finished) >= _FINISHED_KEEP:
             for key in [k for k, (_, until) in self._finished.items() if until <= now]:
                 del self._finished[key]
             while len(self._finished) >= _FINISHED_KEEP:
                 del self._finished[next(iter(self._finished))]
-        self._finished[held.message.instance] = (outcome, now + _FINISHED_FOR)
+        self._finished[instance] = (outcome, now + _FINISHED_FOR)
+
+    def _acked(self, deliveries: Sequence[Delivery]) -> None:
+        with self._lock:
+            for delivery in deliveries:
+                if delivery.message is not None:
+                    self._remember(delivery.message.instance, "ack")
 
     def _owner(self, claim: Claim) -> RabbitMQBackend:
         """The handle of this process holding ``claim`` (self when none does)."""
@@ -339,7 +351,7 @@ class RabbitMQBackend(CompletesInBatches):
             finish = self._finish(item, held, now)
             outcome: Adopted = "release" if item.released else ("ack" if finish is None else finish)
             with self._lock:
-                self._remember(held, outcome)
+                self._remember(held.message.instance, outcome)
         outgoing: list[Outgoing] = []
         for index, held in taken:
             item = items[index]
@@ -358,6 +370,7 @@ class RabbitMQBackend(CompletesInBatches):
             raise
         acked = [(i, h) for i, h in taken if not items[i].released]
         done = self._consumer.settle([(held.delivery, False) for _, held in acked])
+        self._acked([held.delivery for _, held in acked])
         for index, held in taken:
             if items[index].released:
                 # Unstarted: back in the heap at its own deadline (its place in the due
