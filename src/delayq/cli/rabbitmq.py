@@ -25,14 +25,24 @@ def rabbitmq() -> None:
 
 @rabbitmq.command()
 @click.argument("url", required=False)
+@click.option(
+    "--policies/--no-policies",
+    default=True,
+    show_default=True,
+    help="Read the virtual host's policies through rabbitmqctl.",
+)
 @_JSON_OPTION
 @click.pass_context
-def verify(ctx: click.Context, url: str | None, as_json: bool) -> None:
+def verify(ctx: click.Context, url: str | None, policies: bool, as_json: bool) -> None:
     """Broker version, topology, orphans and policies that touch delayq's queues."""
     from delayq.backends.rabbitmq import admin  # noqa: PLC0415 - needs pika
 
     with _errors():
-        report = admin.verify(admin.Settings.parse(_url(ctx, url)))
+        settings = admin.Settings.parse(_url(ctx, url))
+        if policies:
+            report = admin.verify(settings)
+        else:
+            report = admin.verify(settings, policies=lambda vhost: [])
     if as_json:
         _echo_json(
             {
