@@ -1,5 +1,9 @@
 """The consumer thread: deliveries held unacked until their local deadline, acks sent back.
 
+(One module of about 500 lines: everything that touches the consumer's channel
+runs on its I/O thread, and keeping that thread's code together keeps the
+threading rule checkable.)
+
 The broker pushes a message to the ready queue once its level TTLs have
 passed, which is ``local`` seconds (less than 32 ms, see ``_topology.py``)
 before it is due. The consumer's I/O thread owns one connection and channel

@@ -1,4 +1,10 @@
-"""The RabbitMQ store's contract methods (the design is in the package docstring)."""
+"""The RabbitMQ store's contract methods (the design is in the package docstring).
+
+Longer than most modules: besides the contract it keeps the one table of claims
+this process holds (leases, the owner of each token, the finishes kept for a
+redelivery of the same message), and every method that reads or changes that
+table lives next to it.
+"""
 
 from __future__ import annotations
 
