@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from delayq._validate import (
@@ -52,6 +52,7 @@ __all__ = [
     "complete_then_claim",
     "conflict_error",
     "encode_backoff",
+    "extend_one_by_one",
     "filtered_page",
     "readable_json",
     "resolve_conflicts",
@@ -369,14 +370,33 @@ def complete_then_claim(
     return answers, claims
 
 
+def extend_one_by_one(
+    store: Any, claims: Sequence[Claim], lease: float
+) -> list[Claim | StaleClaim]:
+    """The default ``extend_many``: ``store.extend`` per claim, a stale one reported
+    in its slot. Records no start (a store with ``attempt_at_start`` overrides it)."""
+    answers: list[Claim | StaleClaim] = []
+    for claim in claims:
+        try:
+            answers.append(store.extend(claim, lease))
+        except StaleClaim as exc:
+            answers.append(exc)
+    return answers
+
+
 class CompletesAndClaims:
-    """``complete_and_claim`` as :func:`complete_then_claim`, for stores that have no
-    single round trip for it (yet)."""
+    """``complete_and_claim`` as :func:`complete_then_claim`, and ``extend_many`` as
+    :func:`extend_one_by_one`, for stores that have no single round trip for them (yet)."""
 
     def complete_and_claim(
         self, batch: Sequence[Completion], *, limit: int, lease: float
     ) -> tuple[list[StaleClaim | None], list[Claim]]:
         return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        return extend_one_by_one(self, claims, check_lease(lease))
 
 
 class CompletesInBatches(CompletesAndClaims):

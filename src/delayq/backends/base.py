@@ -42,6 +42,21 @@ Rules every implementation keeps:
   that cannot be read back anyway (a store edited by hand) is buried by
   ``claim`` with an error saying why, never handed out or left to break the
   other claims.
+* **Batched renewals.** ``extend_many(claims, lease, started=)`` renews many
+  leases in one round trip where the store allows it (one transaction or
+  script), answering per claim like ``complete`` (a stale token is reported in
+  its slot, the others still apply). The default in ``_common`` calls
+  ``extend`` per claim.
+* **Attempts count from the start** (feature ``attempt_at_start``). ``claim``
+  counts the attempt it hands out, and ``extend_many(..., started=tokens)``
+  records that those claims' handlers started. A lease that runs out with no
+  recorded start is not an attempt: the attempt is given back, the job is due
+  again at its own ``run_at`` (its place kept, like ``release``), and a separate
+  count of such expiries buries it at ``_common.MAX_UNSTARTED`` (a job that
+  kills its worker before its start is recorded cannot loop for ever). A lease
+  that runs out after a recorded start is an attempt, as before. A result
+  (ack, retry, bury) implies the start. A store without the feature counts
+  every claim as an attempt (it ignores ``started``).
 * **Release.** ``release`` gives an unstarted claim back: SCHEDULED again at its
   original ``run_at`` (so it keeps its place), the attempt it used given back,
   nothing recorded as an error.
@@ -58,7 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -86,6 +101,11 @@ FEATURES: dict[str, str] = {
     "inspect": "get, list_jobs, stats and dead_letters see every job",
     "transactional_enqueue": "enqueue can join the caller's own database transaction",
     "recurring": "stores recurring schedules (cron / every)",
+    "attempt_at_start": (
+        "an attempt counts from its handler's recorded start: a lease that runs out "
+        "unstarted gives its attempt back (bounded by MAX_UNSTARTED); release takes "
+        "run_at= and note="
+    ),
 }
 """The promises a store may declare in its class attribute ``features``.
 
@@ -311,6 +331,21 @@ class Backend(Protocol):
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         """Renew the lease to ``lease`` seconds from now; returns the updated claim."""
+        ...
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        """Renew every lease of ``claims`` to ``lease`` seconds from now, in one round
+        trip where the store allows it, and record that the handlers of the claims
+        whose token is in ``started`` have started (feature ``attempt_at_start``;
+        a store without it ignores ``started``).
+
+        One answer per claim, in order: the renewed claim, or the
+        :class:`~delayq.errors.StaleClaim` that its ``extend`` would have raised
+        (that entry changes nothing; the others still apply). A store failure
+        raises. An empty list does nothing.
+        """
         ...
 
     def wait_for_due(self, max_wait: float) -> None:

@@ -124,6 +124,9 @@ class Runner:
             if self._loop is not None:
                 self._loop.shutdown()
 
+    def on_lease_lost(self, rec: InFlight) -> None:
+        """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set)."""
+
     # -- one attempt ----------------------------------------------------------------------
     def _attempt_safely(self, rec: InFlight) -> bool:
         try:
@@ -173,6 +176,8 @@ class Runner:
             returning = table.stopping or expired
             if not returning and decision is None:
                 rec.started = True
+                rec.started_mono = mono
+                rec.mark_at = mono + table.mark_after
                 rec.is_async = handler is not None and handler.is_async
                 if timeout is not None:
                     self._watch_locked(rec, mono + timeout)

@@ -19,7 +19,7 @@ from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher
 from delayq.worker._inflight import InFlightTable
-from delayq.worker._leases import LeaseKeeper
+from delayq.worker._leases import MARK_AFTER, LeaseKeeper
 from delayq.worker._runner import Runner
 from delayq.worker._stats import WorkerStats
 
@@ -73,6 +73,7 @@ class Worker:
         idle_wait: float = 10.0,
         on_result: Callable[[JobResult], None] | None = None,
         name: str = "delayq-worker",
+        max_abandoned: int | None = None,
     ) -> None:
         self.app = app
         self._backend: Backend = app.backend
@@ -96,8 +97,16 @@ class Worker:
         self.name = name
         gather = max(1, min(self.batch, self.concurrency) // 2)
         self._table = InFlightTable(
-            concurrency=self.concurrency, prefetch=self.prefetch, grace=self.grace
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+            grace=self.grace,
+            abandoned_cap=(
+                self.concurrency
+                if max_abandoned is None
+                else _positive_int(max_abandoned, "max_abandoned")
+            ),
         )
+        self._table.mark_after = min(MARK_AFTER, self.lease / 10)
         self._committer = GroupCommitter(
             self._table,
             self._backend,
@@ -116,11 +125,18 @@ class Worker:
             timeout=self.timeout,
             unknown_handler_grace=self.unknown_handler_grace,
         )
+        self._keeper = LeaseKeeper(
+            self._table,
+            self._backend,
+            self.clock,
+            lease=self.lease,
+            name=name,
+            on_lease_lost=self._runner.on_lease_lost,
+        )
         self._dispatcher = Dispatcher(
             self._table,
             self._backend,
             self.clock,
-            keeper=LeaseKeeper(self._table, self._backend, self.clock, lease=self.lease),
             committer=self._committer,
             lease=self.lease,
             batch=self.batch,
@@ -141,6 +157,7 @@ class Worker:
             # One thread more than handlers: the thread committing a batch of
             # results never holds up a claimed job.
             self._runner.start(self.concurrency + 1)
+            self._keeper.start()
             self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._thread.start()
         return self

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -77,6 +77,8 @@ class _Record:
     seq: int  # enqueue order, breaks run_at ties (FIFO)
     state: JobState = JobState.SCHEDULED
     attempts: int = 0
+    started: bool = False  # the current claim's handler is known to have started
+    unstarted: int = 0  # leases that ran out with no recorded start
     last_error: str | None = None
     outcome: str | None = None
     lease_until: float | None = None
@@ -449,6 +451,28 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             rec.updated_at = now
             heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
             return replace(claim, job=rec.to_job(), lease_until=rec.lease_until)
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        lease = check_lease(lease)
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            answers: list[Claim | StaleClaim] = []
+            for claim in claims:
+                try:
+                    rec = self._current(claim)
+                except StaleClaim as exc:
+                    answers.append(exc)
+                    continue
+                if claim.token in started:
+                    rec.started = True
+                rec.lease_until = now + lease
+                rec.updated_at = now
+                heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
+                answers.append(replace(claim, job=rec.to_job(), lease_until=rec.lease_until))
+            return answers
 
     def wait_for_due(self, max_wait: float) -> None:
         max_wait = check_max_wait(max_wait)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -487,13 +487,29 @@ class RedisBackend(RedisInspection, RedisSchedules):
         ]
 
     def extend(self, claim: Claim, lease: float) -> Claim:
+        [answer] = self.extend_many([claim], lease)
+        if isinstance(answer, StaleClaim):
+            raise answer
+        return answer
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
         lease = check_lease(lease)
-        reply = self._run("extend", [claim.job.id, claim.token, repr(lease)])
-        if not int(reply[0]):
-            raise self._stale(claim, reply)
-        job = job_of(claim.job.id, pairs(reply[1]))
-        assert job.lease_until is not None
-        return replace(claim, job=job, lease_until=job.lease_until)
+        if not claims:
+            return []
+        args: list[Any] = [repr(lease)]
+        for claim in claims:
+            args += [claim.job.id, claim.token, 1 if claim.token in started else 0]
+        answers: list[Claim | StaleClaim] = []
+        for claim, reply in zip(claims, self._run("extend", args), strict=True):
+            if not int(reply[0]):
+                answers.append(self._stale(claim, reply))
+                continue
+            job = job_of(claim.job.id, pairs(reply[1]))
+            assert job.lease_until is not None
+            answers.append(replace(claim, job=job, lease_until=job.lease_until))
+        return answers
 
     def wait_for_due(self, max_wait: float) -> None:
         """Block until a job may be due (see the package docstring for how).

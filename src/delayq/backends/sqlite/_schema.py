@@ -15,7 +15,7 @@ from delayq.job import Job, JobState
 
 Synchronous = Literal["normal", "full"]
 
-DEFAULT_BUSY_TIMEOUT = 10.0
+DEFAULT_BUSY_TIMEOUT = 5.0
 """Seconds a write waits for another process's write lock before failing."""
 
 SCHEMA_VERSION = 1
@@ -117,6 +117,7 @@ RELEASE = (
     "lease_until = NULL, updated_at = ?"
 )
 BURY = "state = 'dead', last_error = ?, lease_until = NULL, updated_at = ?"
+EXTEND = "lease_until = ?, updated_at = ?"
 TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
 
