@@ -7,9 +7,11 @@ module each:
   running, or waiting for its result to be recorded) and the one lock and
   conditions its parts share;
 * ``_dispatcher``: claims due jobs for free slots, plus a small prefetch while
-  a backlog exists; between claims it blocks in ``backend.wait_for_due`` (no
-  polling) and keeps the worker's deadlines (lease renewals, timeouts);
-* ``_leases``: the lease keeper, renewing every held claim every ``lease / 3``;
+  a backlog exists (a prefetched claim stuck behind busy slots is handed back);
+  between claims it blocks in ``backend.wait_for_due`` (no polling) and retries
+  failed commits;
+* ``_leases``: the lease keeper, on its own thread, renewing every held claim
+  every ``lease / 3`` in one ``extend_many`` call per pass;
 * ``_runner``: handler threads and the event loop for async handlers, the
   lease check before a handler starts, handler timeouts;
 * ``_commit``: the group committer, recording finished attempts in batches (one

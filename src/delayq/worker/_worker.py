@@ -53,7 +53,7 @@ class Worker:
     backend wakes the worker when a job arrives).
 
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
-    (claims and prefetch, lease and commit deadlines), the lease keeper, the runner
+    (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
     (handler threads, the event loop, timeouts), the group committer, and the
     pure ``decide()``.
     """
