@@ -98,13 +98,16 @@ class GroupCommitter:
         *,
         handler_slot: bool = False,
         timed_out: bool = False,
+        hold: bool = False,
     ) -> bool:
         """Hand ``rec``'s decided attempt to the group commit.
 
         The first decision for a claim wins: False (and nothing done) when the
         attempt was already decided (a handler finishing after its timeout: its
         result is fenced) or abandoned. ``handler_slot`` frees the handler
-        slot the attempt held.
+        slot the attempt held. ``timed_out``: the handler goes on running
+        (abandoned work, until :meth:`body_ended`); with ``hold`` its decision
+        (a retry) is recorded only then, so a retry never runs beside it.
         """
         table = self._table
         with table.lock:
@@ -120,6 +123,13 @@ class GroupCommitter:
                     table.work.notify()
             if timed_out:
                 table.stats.timeouts += 1
+                rec.body_alive = True
+                table.abandoned += 1
+            if hold:
+                rec.held = _Finished(rec, decision, duration)
+                table.holding += 1
+                table.changed.notify_all()  # its slot is free for a claim
+                return True
             self._finished.append(_Finished(rec, decision, duration))
             if self._flushing:
                 return True  # the thread flushing now commits it in its next round
@@ -127,6 +137,29 @@ class GroupCommitter:
             batch, self._finished = self._finished, []
         self._flush(batch)
         return True
+
+    def body_ended(self, rec: InFlight) -> None:
+        """The handler of a timed-out attempt really ended: it is no longer
+        abandoned work, and a decision held for it is recorded now."""
+        table = self._table
+        with table.lock:
+            if not rec.body_alive:
+                return
+            rec.body_alive = False
+            table.abandoned -= 1
+            entry = rec.held
+            rec.held = None
+            if isinstance(entry, _Finished):
+                table.holding -= 1
+            table.changed.notify_all()  # under the cap again: claiming may go on
+            if not isinstance(entry, _Finished) or rec.abandoned:
+                return
+            self._finished.append(entry)
+            if self._flushing:
+                return
+            self._flushing = True
+            batch, self._finished = self._finished, []
+        self._flush(batch)
 
     def finish_all(self, recs: Sequence[InFlight], decision: Decision) -> None:
         """Hand many unstarted claims to one commit with the same decision (a release)."""

@@ -107,6 +107,7 @@ class InFlightTable:
         )
         self.prefetch_resume = 0.0  # monotonic time prefetching may resume
         self.abandoned = 0
+        self.holding = 0  # records whose (timed-out) result waits for its handler to end
         self.abandoned_cap = concurrency if abandoned_cap is None else abandoned_cap
         self.beats: dict[str, float] = {}
         self.stuck_call: dict[str, float] = {}
@@ -122,7 +123,8 @@ class InFlightTable:
         if self.abandoned >= self.abandoned_cap:
             return 0
         prefetch = self.prefetch if self.backlog and not self.prefetch_paused else 0
-        return self.concurrency + prefetch - len(self.records)
+        # A record held for its abandoned handler has given its slot up.
+        return self.concurrency + prefetch - (len(self.records) - self.holding)
 
     def add_claims_locked(
         self, claims: Sequence[Claim], mono_sent: float, lease: float, *, full: bool

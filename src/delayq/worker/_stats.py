@@ -105,8 +105,10 @@ class WorkerStats:
 
     Percentiles come from fixed-size histograms: within about 4.4% of the
     exact value (see :class:`Histogram`); maxima are exact. ``timeouts``
-    counts handlers that ran past their timeout; ``prefetched`` the claims
-    held ready for a free slot right now.
+    counts handlers that ran past their timeout; ``abandoned`` those of them
+    still running right now (sync threads, cancelled coroutines that go on);
+    ``loop_blocked`` how often a handler blocked the asyncio loop for a second
+    or more; ``prefetched`` the claims held ready for a free slot right now.
     """
 
     claimed: int = 0
@@ -118,6 +120,8 @@ class WorkerStats:
     stale: int = 0
     errors: int = 0
     timeouts: int = 0
+    abandoned: int = 0
+    loop_blocked: int = 0
     in_flight: int = 0
     prefetched: int = 0
     lateness_p50: float = math.nan
@@ -134,19 +138,22 @@ class WorkerStats:
 class StatsBook:
     """The counters and histograms behind :class:`WorkerStats` (guarded by the caller)."""
 
-    __slots__ = ("counts", "duration", "lateness", "timeouts")
+    __slots__ = ("counts", "duration", "lateness", "loop_blocked", "timeouts")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.lateness = Histogram()
         self.duration = Histogram()
         self.timeouts = 0
+        self.loop_blocked = 0
 
-    def snapshot(self, *, in_flight: int, prefetched: int) -> WorkerStats:
+    def snapshot(self, *, in_flight: int, prefetched: int, abandoned: int = 0) -> WorkerStats:
         late, dur = self.lateness, self.duration
         return WorkerStats(
             **self.counts,
             timeouts=self.timeouts,
+            abandoned=abandoned,
+            loop_blocked=self.loop_blocked,
             in_flight=in_flight,
             prefetched=prefetched,
             lateness_p50=late.percentile(50),

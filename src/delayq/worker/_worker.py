@@ -282,7 +282,9 @@ class Worker:
         """
         table = self._table
         with table.lock:
-            return table.stats.snapshot(in_flight=len(table.records), prefetched=len(table.ready))
+            return table.stats.snapshot(
+                in_flight=len(table.records), prefetched=len(table.ready), abandoned=table.abandoned
+            )
 
     # -- the dispatcher thread ------------------------------------------------
     def _main(self) -> None:
