@@ -12,11 +12,18 @@ a long GC, a frozen VM) is handed back unstarted instead of being run after
 another worker may have run it.
 
 A handler running past its timeout counts as failed at once (a watcher
-thread sleeps until the earliest deadline) (retried by the
-job's backoff, dead-lettered on its last attempt): an async handler is
-cancelled; a sync one cannot be interrupted, so its thread is left to it and a
-new thread takes its place (the slot is free again), and its result, if it
-ever returns, is ignored (fenced: the attempt was already decided).
+thread sleeps until the earliest deadline): an async handler is cancelled; a
+sync one cannot be interrupted, so its thread is left to it and a new thread
+takes its place (the slot is free again), and its result, if it ever returns,
+is ignored (fenced: the attempt was already decided). Its retry (by the job's
+backoff) is recorded only when the abandoned body really ends, so two
+attempts never run at once; a last attempt is dead-lettered at once. Bodies
+still running that way are abandoned work, capped by ``max_abandoned``.
+
+An async handler's timeout starts when its coroutine starts on the loop, and a
+coroutine whose attempt was decided before it could start never runs. While
+async handlers run, the watcher pings the loop; one that does not answer
+within ``LOOP_BLOCKED`` seconds is logged (a handler blocks it).
 
 Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep the process
 alive: a handler stuck past the grace period cannot block interpreter exit

@@ -50,7 +50,10 @@ class Worker:
     before it is dead-lettered. ``on_result`` is called (on a handler thread,
     never under a lock) with a :class:`JobResult` after each attempt is
     recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
-    backend wakes the worker when a job arrives).
+    backend wakes the worker when a job arrives). ``max_abandoned`` (default
+    ``concurrency``) caps the handlers that ran past their timeout and still
+    run (a sync thread, a cancelled coroutine that goes on): at the cap the
+    worker claims nothing more until one ends.
 
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
     (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
