@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from delayq.backends.base import Backend
+from delayq.backends._common import MAX_UNSTARTED
+from delayq.backends.base import Backend, Completion
 from delayq.errors import StaleClaim
-from delayq.job import Claim, JobState
+from delayq.job import CancelOutcome, Claim, JobState
 from delayq.testing import FakeClock
 from tests.contract._support import spec
 
@@ -46,3 +47,100 @@ def test_extend_many_renews_each_claim_and_reports_stale_ones(
     backend.ack(renewed_c)
     job = backend.get("a")
     assert job is not None and job.state is JobState.SUCCEEDED
+
+
+needs_attempt_at_start = pytest.mark.backend_features("clock", "attempt_at_start")
+
+
+@needs_attempt_at_start
+def test_an_expired_lease_without_a_recorded_start_gives_the_attempt_back(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("j", t0)])
+    [first] = claim_all(backend, t0, lease=10)
+    assert first.attempt == 1
+    clock.advance(20)
+    [again] = claim_all(backend, t0 + 20)  # the holder never started it: no attempt used
+    assert again.job.id == "j" and again.attempt == 1 and again.token > first.token
+    assert again.job.run_at == t0  # due at its own time: its place kept
+    assert "before the handler was recorded as started" in (again.job.last_error or "")
+
+
+@needs_attempt_at_start
+def test_an_expired_lease_after_a_recorded_start_counts_the_attempt(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("j", t0)])
+    [first] = claim_all(backend, t0, lease=10)
+    [marked] = backend.extend_many([first], 10, started={first.token})
+    assert isinstance(marked, Claim)
+    clock.advance(20)
+    [again] = claim_all(backend, t0 + 20)
+    assert again.attempt == 2
+    assert "lease expired" in (again.job.last_error or "")
+
+
+@needs_attempt_at_start
+def test_max_attempts_1_job_whose_claim_expired_unstarted_still_runs(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("once", t0, max_attempts=1)])
+    claim_all(backend, t0, lease=10)  # a prefetched claim whose worker paused past its lease
+    clock.advance(20)
+    [again] = claim_all(backend, t0 + 20)
+    assert again.attempt == 1  # its one attempt is still there
+    backend.ack(again)
+    job = backend.get("once")
+    assert job is not None and job.state is JobState.SUCCEEDED and job.attempts == 1
+
+
+@needs_attempt_at_start
+def test_a_job_whose_leases_keep_expiring_unstarted_is_buried_after_max_unstarted(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("killer", t0, max_attempts=3)])
+    for _ in range(MAX_UNSTARTED):
+        [claim] = claim_all(backend, clock.time(), lease=10)
+        assert claim.attempt == 1
+        clock.advance(20)
+    assert claim_all(backend, clock.time()) == []
+    job = backend.get("killer")
+    assert job is not None and job.state is JobState.DEAD and job.attempts == 0
+    assert f"MAX_UNSTARTED={MAX_UNSTARTED}" in (job.last_error or "")
+    assert backend.requeue_dead("killer", clock.time())
+    [fresh] = claim_all(backend, clock.time(), lease=10)
+    clock.advance(20)
+    assert [c.attempt for c in claim_all(backend, clock.time())] == [1]  # the count was reset
+    del fresh
+
+
+@needs_attempt_at_start
+def test_cancel_of_a_job_whose_unstarted_lease_expired_says_no_attempt_started(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("j", t0)])
+    claim_all(backend, t0, lease=10)
+    clock.advance(20)
+    assert backend.cancel("j") is CancelOutcome.CANCELLED
+
+
+@needs_attempt_at_start
+def test_release_with_run_at_and_note_is_due_then_and_keeps_the_attempt(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("r", t0)])
+    [claim] = claim_all(backend, t0)
+    note = "unknown handler, handed back"
+    assert backend.complete([Completion.release(claim, run_at=t0 + 50, note=note)]) == [None]
+    job = backend.get("r")
+    assert job is not None and job.state is JobState.SCHEDULED
+    assert (job.run_at, job.attempts, job.last_error) == (t0 + 50, 0, note)
+    assert claim_all(backend, t0 + 49) == []
+    [again] = claim_all(backend, t0 + 50)
+    assert again.attempt == 1

@@ -20,7 +20,7 @@ from delayq.errors import (
 )
 from delayq.job import JobSpec, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._support import spec
+from tests.contract._support import spec, started
 
 LEASE = 30.0
 
@@ -193,6 +193,7 @@ def test_release_of_a_stale_claim_raises_and_changes_nothing(
     t0 = clock.time()
     backend.enqueue([spec("s", t0)])
     [old] = backend.claim(limit=1, lease=1.0, now=t0)
+    old = started(backend, old, 1.0)
     [new] = backend.claim(limit=1, lease=LEASE, now=t0 + 2)  # the lease expired
     with pytest.raises(StaleClaim):
         backend.release(old)

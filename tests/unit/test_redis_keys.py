@@ -109,3 +109,10 @@ def test_redis_calls_are_bounded_by_a_socket_timeout_unless_the_url_sets_one() -
         "redis://127.0.0.1:6379/0?socket_timeout=2", "redis://127.0.0.1:6379/0", {}, anchor="k"
     )
     assert own.client.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+
+
+def test_the_scripts_bury_after_as_many_unstarted_expiries_as_the_other_stores() -> None:
+    from delayq.backends._common import MAX_UNSTARTED  # noqa: PLC0415
+
+    lib = resources.files("delayq.backends.redis").joinpath("_lib.lua").read_text()
+    assert f"local MAX_UNSTARTED = {MAX_UNSTARTED}\n" in lib

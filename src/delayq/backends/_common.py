@@ -33,6 +33,7 @@ __all__ = [
     "MAX_ATTEMPTS_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_QUEUE_NAME",
+    "MAX_UNSTARTED",
     "PURGE_BATCH",
     "RELEASED_NOTE",
     "TTL_STATES",
@@ -61,6 +62,8 @@ __all__ = [
     "lease_expired_error",
     "lease_expired_note",
     "stale_claim",
+    "unstarted_expired_error",
+    "unstarted_expired_note",
 ]
 
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
@@ -79,6 +82,11 @@ RELEASED_NOTE = (
     "(the attempt was given back)"
 )
 """The ``last_error`` note of a released job (a note, not a failure: no attempt is used)."""
+
+MAX_UNSTARTED = 5
+"""Leases of one job that may run out with no recorded start (feature
+``attempt_at_start``) before it is buried: such an expiry is no attempt, so this
+bound is what stops a job that kills its worker before its start is recorded."""
 
 TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
 """Final states purged after ``result_ttl``. DEAD is final too, but dead letters
@@ -323,6 +331,25 @@ def lease_expired_note(lease_until: float, attempts: int) -> str:
     return (
         f"lease expired at {format_time(lease_until)} during attempt {attempts}: "
         f"the worker holding it stopped or hung; returned to the due set"
+    )
+
+
+def unstarted_expired_note(lease_until: float) -> str:
+    """The note of a job whose lease ran out before its handler was recorded as
+    started: due again at its own time, the attempt given back."""
+    return (
+        f"lease expired at {format_time(lease_until)} before the handler was recorded as "
+        f"started: not an attempt; due again (the worker holding it stopped, paused or "
+        f"lost the store)"
+    )
+
+
+def unstarted_expired_error(lease_until: float, count: int) -> str:
+    """The error of a job buried after ``count`` leases ran out with no recorded start."""
+    return (
+        f"lease expired at {format_time(lease_until)}, the {count}th time with no recorded "
+        f"start (MAX_UNSTARTED={MAX_UNSTARTED}): a job that stops its worker before it "
+        f"starts? Requeue it once that is fixed"
     )
 
 

@@ -126,7 +126,8 @@ class Completion:
     ``state`` says which of the single calls it stands for: SUCCEEDED or
     SKIPPED is ``ack(claim, state=state, outcome=outcome)``, SCHEDULED is
     ``retry(claim, run_at, error)``, DEAD is ``bury(claim, error)``, and
-    SCHEDULED with ``released=True`` is ``release(claim)``. Build one with
+    SCHEDULED with ``released=True`` is ``release(claim)`` (with ``run_at`` and
+    ``error`` as its due time and note, for stores with ``attempt_at_start``). Build one with
     :meth:`ack`, :meth:`retry`, :meth:`bury` or :meth:`release`; the fields are
     checked at construction, so a bad entry never reaches the store.
     """
@@ -145,16 +146,22 @@ class Completion:
         ):
             return  # the common case, an ack, checked cheaply (results are hot)
         if self.released:
-            if (
-                state is not JobState.SCHEDULED
-                or self.run_at is not None
-                or self.error is not None
-                or self.outcome is not None
-            ):
+            if state is not JobState.SCHEDULED or self.outcome is not None:
                 raise InvalidOption(
-                    "a release is state=scheduled without run_at, error or outcome; "
+                    "a release is state=scheduled without an outcome; "
                     "build it with Completion.release(claim)"
                 )
+            if self.run_at is not None:
+                due = self.run_at
+                if (
+                    isinstance(due, bool)
+                    or not isinstance(due, int | float)
+                    or not math.isfinite(due)
+                ):
+                    raise InvalidDelay(f"run_at must be finite epoch seconds, got {due!r}")
+                object.__setattr__(self, "run_at", float(due))
+            if self.error is not None and not isinstance(self.error, str):
+                raise InvalidOption(f"a release's note must be a str, got {self.error!r}")
             return
         if isinstance(self.state, str) and not isinstance(self.state, JobState):
             with contextlib.suppress(ValueError):  # "succeeded" -> JobState.SUCCEEDED
@@ -205,9 +212,20 @@ class Completion:
         return cls(claim, JobState.DEAD, error=error)
 
     @classmethod
-    def release(cls, claim: Claim) -> Completion:
-        """Give an unstarted claim back, like ``Backend.release``."""
-        return cls(claim, JobState.SCHEDULED, released=True)
+    def release(
+        cls, claim: Claim, *, run_at: float | None = None, note: str | None = None
+    ) -> Completion:
+        """Give an unstarted claim back, like ``Backend.release``; with ``run_at``
+        (epoch seconds) it is due then instead of at its own time, with ``note`` its
+        ``last_error`` says why (a store with ``attempt_at_start`` keeps both; one
+        without may ignore them)."""
+        return cls(
+            claim,
+            JobState.SCHEDULED,
+            run_at=run_at,
+            error=note,
+            released=True,
+        )
 
     @staticmethod
     def batch(entries: Sequence[Completion]) -> list[Completion]:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    MAX_UNSTARTED,
     PURGE_BATCH,
     RELEASED_NOTE,
     TTL_STATES,
@@ -38,6 +39,8 @@ from delayq.backends._common import (
     resolve_conflicts,
     stale_claim,
     undecodable_error,
+    unstarted_expired_error,
+    unstarted_expired_note,
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
@@ -128,7 +131,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "definite_cancel", "inspect", "recurring"}
+        {"attempt_at_start", "clock", "definite_cancel", "inspect", "recurring"}
     )
 
     def __init__(
@@ -247,8 +250,23 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             self._expire_lease(self._jobs[job_id], expiry, now)
 
     def _expire_lease(self, rec: _Record, expiry: float, now: float) -> None:
-        """End a lease that ran out: buried after the last attempt, else due again.
+        """End a lease that ran out: buried after the last attempt, else due again;
+        with no recorded start it was no attempt (see ``attempt_at_start``).
         (A stale heap entry left behind is skipped by ``_next_lease_expiry``.)"""
+        if not rec.started:
+            rec.attempts = max(0, rec.attempts - 1)
+            rec.unstarted += 1
+            if rec.unstarted >= MAX_UNSTARTED:
+                rec.last_error = unstarted_expired_error(expiry, rec.unstarted)
+                self._finish(rec, JobState.DEAD, now)
+                return
+            # Its place kept (its own due time), like a release.
+            rec.last_error = unstarted_expired_note(expiry)
+            rec.state = JobState.SCHEDULED
+            rec.lease_until = None
+            rec.updated_at = now
+            self._schedule(rec)
+            return
         if rec.attempts >= rec.max_attempts:
             rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
             self._finish(rec, JobState.DEAD, now)
@@ -386,6 +404,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     self._finish(rec, JobState.DEAD, at)
                     continue
                 rec.state = JobState.RUNNING
+                rec.started = False
                 rec.token = next(self._tokens)
                 rec.lease_until = at + lease
                 rec.updated_at = at
@@ -413,10 +432,14 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     continue
                 results.append(None)
                 if item.released:
-                    # Back to its place in the due order, the attempt given back.
+                    # Back to its place in the due order (or to run_at), the attempt given back.
                     rec.state = JobState.SCHEDULED
                     rec.attempts = max(0, rec.attempts - 1)
-                    if rec.last_error is None:  # an earlier attempt's error is kept
+                    if item.run_at is not None:
+                        rec.run_at = item.run_at
+                    if item.error is not None:
+                        rec.last_error = clip_error(item.error)
+                    elif rec.last_error is None:  # an earlier attempt's error is kept
                         rec.last_error = RELEASED_NOTE
                     rec.lease_until = None
                     rec.updated_at = now
@@ -582,6 +605,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             head = self._next_due()
             rec.state = JobState.SCHEDULED
             rec.attempts = 0
+            rec.unstarted = 0
             rec.run_at = run_at
             rec.outcome = None
             rec.updated_at = self._clock.time()

@@ -149,7 +149,16 @@ class RedisBackend(RedisInspection, RedisSchedules):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect", "recurring"}
+        {
+            "attempt_at_start",
+            "clock",
+            "shared",
+            "durable",
+            "server_clock",
+            "definite_cancel",
+            "inspect",
+            "recurring",
+        }
     )
 
     def __init__(

@@ -42,6 +42,7 @@ from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
     EXTEND,
+    EXTEND_STARTED,
     FALLBACK_POLL,
     NOT_EXPIRED,
     PURGE_EVERY,
@@ -131,7 +132,15 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring"}
+        {
+            "attempt_at_start",
+            "clock",
+            "shared",
+            "durable",
+            "definite_cancel",
+            "inspect",
+            "recurring",
+        }
     )
 
     def __init__(
@@ -483,7 +492,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
             now = self._clock.time()
             for claim in claims:
                 try:
-                    ops.finish_claim(conn, claim, EXTEND, (now + lease, now))
+                    assignments = EXTEND_STARTED if claim.token in started else EXTEND
+                    ops.finish_claim(conn, claim, assignments, (now + lease, now))
                 except StaleClaim as exc:
                     answers.append(exc)
                     continue
@@ -673,8 +683,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
             assert run_at is not None
             head = ops.head(conn)
             cur = conn.execute(
-                "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, run_at = ?, "
-                "outcome = NULL, lease_until = NULL, updated_at = ? "
+                "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, unstarted = 0, "
+                "run_at = ?, outcome = NULL, lease_until = NULL, updated_at = ? "
                 "WHERE id = ? AND state = 'dead'",
                 (run_at, now, job_id),
             )

@@ -17,6 +17,9 @@ for i = 6, #ARGV, 3 do
   else
     redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
     redis.call('HSET', key, 'lease_until', fmt(lease_until), 'updated_at', fmt(NOW))
+    if ARGV[i + 2] == '1' then
+      redis.call('HSET', key, 'started', 1)
+    end
     replies[#replies + 1] = {1, redis.call('HGETALL', key)}
   end
 end
