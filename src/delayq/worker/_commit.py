@@ -358,6 +358,7 @@ class GroupCommitter:
     def _report(self, entry: _Finished, claim: Claim, outcome: Outcome) -> None:
         assert self._on_result is not None
         decision = entry.decision
+        rec = entry.rec
         result = JobResult(
             job_id=claim.job.id,
             name=claim.job.name,
@@ -367,6 +368,11 @@ class GroupCommitter:
             duration=entry.duration,
             error=decision.error,
             retry_at=decision.retry_at,
+            start_lateness=(
+                claim.claimed_at + (rec.started_mono - rec.mono_claimed) - claim.job.run_at
+                if rec.started
+                else None
+            ),
         )
         try:
             self._on_result(result)

@@ -86,6 +86,9 @@ class Runner:
         self._name = name
         self._timeout = timeout
         self._unknown_grace = unknown_handler_grace
+        # A store that counts attempts from the start takes an unknown handler's
+        # hand-back with its attempt given back.
+        self._keep_attempt = "attempt_at_start" in getattr(app.backend, "features", ())
         self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
         self._thread_ids = itertools.count()
@@ -181,6 +184,7 @@ class Runner:
                 handler_known=handler is not None,
                 registered=tuple(self._app.handlers) if handler is None else (),
                 unknown_grace=self._unknown_grace,
+                keep_attempt=self._keep_attempt,
             )
         table = self._table
         with table.lock:
@@ -190,6 +194,9 @@ class Runner:
                 rec.started = True
                 rec.started_mono = mono
                 rec.mark_at = mono + table.mark_after
+                table.stats.start_lateness.add(
+                    claim.claimed_at + (mono - rec.mono_claimed) - job.run_at
+                )
         if returning:
             if expired and not table.stopping:
                 log.warning(
@@ -213,6 +220,8 @@ class Runner:
             claimed_at=claim.claimed_at,
             lease_until=claim.lease_until,
             created_at=job.created_at,
+            token=claim.token,
+            lease_lost=rec.lease_lost,
         )
         return self._execute(rec, handler, ctx, mono)
 
@@ -254,6 +263,7 @@ class Runner:
             claim.claimed_at + (self._clock.monotonic() - rec.mono_claimed),
             ran=True,
             error=None if exc is None else format_error(exc),
+            started_at=claim.claimed_at + (rec.started_mono - rec.mono_claimed),
         )
         assert decision is not None
         if exc is not None:
@@ -413,7 +423,19 @@ class Runner:
             self._spawn()  # the stuck thread is left to its handler
 
     def on_lease_lost(self, rec: InFlight) -> None:
-        """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set)."""
+        """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set, which
+        the handler sees as ``ctx.lease_lost``): an async handler is cancelled, as
+        its result could not be recorded any more and another worker may run the
+        job now; a sync one is told only (it cannot be interrupted)."""
+        with self._table.lock:
+            cancel = rec.cancel if rec.is_async and not rec.done else None
+        if cancel is not None:
+            log.warning(
+                "job %s (%s): cancelling its async handler, its lease is lost",
+                rec.claim.job.id,
+                rec.claim.job.name,
+            )
+            cancel()
 
     # -- the event loop's health ----------------------------------------------------------
     def _loop_started_locked(self) -> None:

@@ -103,6 +103,9 @@ class Histogram:
 class WorkerStats:
     """Counters since the worker started, lateness and handler-duration percentiles (seconds).
 
+    ``lateness`` is claim time minus due time, ``start_lateness`` handler start
+    minus due time (a wait in prefetch for a slot included).
+
     Percentiles come from fixed-size histograms: within about 4.4% of the
     exact value (see :class:`Histogram`); maxima are exact. ``timeouts``
     counts handlers that ran past their timeout; ``abandoned`` those of them
@@ -127,6 +130,9 @@ class WorkerStats:
     lateness_p50: float = math.nan
     lateness_p99: float = math.nan
     lateness_max: float = math.nan
+    start_lateness_p50: float = math.nan
+    start_lateness_p99: float = math.nan
+    start_lateness_max: float = math.nan
     duration_p50: float = math.nan
     duration_p99: float = math.nan
     duration_max: float = math.nan
@@ -138,17 +144,18 @@ class WorkerStats:
 class StatsBook:
     """The counters and histograms behind :class:`WorkerStats` (guarded by the caller)."""
 
-    __slots__ = ("counts", "duration", "lateness", "loop_blocked", "timeouts")
+    __slots__ = ("counts", "duration", "lateness", "loop_blocked", "start_lateness", "timeouts")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.lateness = Histogram()
+        self.start_lateness = Histogram()
         self.duration = Histogram()
         self.timeouts = 0
         self.loop_blocked = 0
 
     def snapshot(self, *, in_flight: int, prefetched: int, abandoned: int = 0) -> WorkerStats:
-        late, dur = self.lateness, self.duration
+        late, dur, start = self.lateness, self.duration, self.start_lateness
         return WorkerStats(
             **self.counts,
             timeouts=self.timeouts,
@@ -159,6 +166,9 @@ class StatsBook:
             lateness_p50=late.percentile(50),
             lateness_p99=late.percentile(99),
             lateness_max=late.max if late.count else math.nan,
+            start_lateness_p50=start.percentile(50),
+            start_lateness_p99=start.percentile(99),
+            start_lateness_max=start.max if start.count else math.nan,
             duration_p50=dur.percentile(50),
             duration_p99=dur.percentile(99),
             duration_max=dur.max if dur.count else math.nan,
