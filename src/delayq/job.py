@@ -6,8 +6,8 @@ are wall-clock epoch seconds on the deciding clock (the backend's).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
