@@ -114,5 +114,5 @@ def test_redis_calls_are_bounded_by_a_socket_timeout_unless_the_url_sets_one() -
 def test_the_scripts_bury_after_as_many_unstarted_expiries_as_the_other_stores() -> None:
     from delayq.backends._common import MAX_UNSTARTED  # noqa: PLC0415
 
-    lib = resources.files("delayq.backends.redis").joinpath("_lib.lua").read_text()
+    lib = resources.files("delayq.backends.redis").joinpath("lua", "_lib.lua").read_text()
     assert f"local MAX_UNSTARTED = {MAX_UNSTARTED}\n" in lib
