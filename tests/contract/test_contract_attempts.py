@@ -144,3 +144,15 @@ def test_release_with_run_at_and_note_is_due_then_and_keeps_the_attempt(
     assert claim_all(backend, t0 + 49) == []
     [again] = claim_all(backend, t0 + 50)
     assert again.attempt == 1
+
+
+@needs_clock
+def test_an_error_with_a_nul_is_stored_with_the_nul_escaped_on_every_store(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    backend.enqueue([spec("n", t0)])
+    [claim] = claim_all(backend, t0)
+    backend.retry(claim, t0 + 5, "upstream said: \x00!")
+    job = backend.get("n")
+    assert job is not None and job.last_error == "upstream said: \\x00!"

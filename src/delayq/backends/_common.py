@@ -279,10 +279,14 @@ traceback) keeps its start and its end, where the exception is."""
 
 
 def clip_error(text: str | None) -> str | None:
-    """``text`` as a store keeps it: at most ``MAX_ERROR_CHARS`` characters, and
-    valid UTF-8 (a lone surrogate, e.g. from a file name, becomes ``\\udxxx``)."""
+    """``text`` as a store keeps it: at most ``MAX_ERROR_CHARS`` characters, valid
+    UTF-8 (a lone surrogate, e.g. from a file name, becomes ``\\udxxx``) and no
+    NUL (PostgreSQL text cannot hold one; it becomes ``\\x00`` on every store,
+    so the same error reads the same everywhere)."""
     if text is None:
         return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     if len(text) > MAX_ERROR_CHARS:
         half = MAX_ERROR_CHARS // 2 - 40
         cut = len(text) - 2 * half

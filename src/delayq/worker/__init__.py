@@ -36,8 +36,11 @@ claiming, hand back at once the claims whose handler has not started
 (``release``: SCHEDULED again at their due time, attempt given back), let
 in-flight handlers finish within ``grace`` seconds while still renewing their
 leases, then return. Handlers still running after the grace period are
-abandoned: their leases run out and the jobs run again elsewhere
-(at-least-once). A second signal stops at once.
+abandoned: their claims are released (the attempt given back, so a
+``max_attempts=1`` job still gets its run) and results that finished but were
+not recorded yet are recorded, in one last store call before the worker
+returns; if that call fails, the leases run out and the jobs run again
+elsewhere (at-least-once). A second signal stops at once (the same hand-back).
 """
 
 from __future__ import annotations

@@ -32,13 +32,14 @@ import logging
 import math
 
 from delayq.backends import Backend
+from delayq.backends.base import Completion
 from delayq.clock import Clock
 from delayq.errors import QueueClosed
 from delayq.worker._commit import GroupCommitter
-from delayq.worker._decide import RETURNED
-from delayq.worker._inflight import InFlightTable
+from delayq.worker._decide import RETURNED, Decision
+from delayq.worker._inflight import InFlight, InFlightTable
 
-__all__ = ["COALESCE", "PREFETCH_PAUSE", "Dispatcher"]
+__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher"]
 
 log = logging.getLogger("delayq.worker")
 
@@ -47,6 +48,12 @@ COALESCE = 0.002
 to this long (seconds) for ``gather`` slots to free before claiming, so one claim
 serves several jobs. Only under backlog: a job is then late anyway, by
 queueing; an idle worker claims at once."""
+
+STOPPED_NOTE = (
+    "handed back: the worker stopped after its grace period while the handler still ran; "
+    "the attempt was given back and the job runs again"
+)
+"""The note of a job whose handler the stopping worker left running past its grace."""
 
 PREFETCH_PAUSE = 10.0
 """Seconds prefetching stays off after a prefetched claim had to be handed back."""
@@ -183,7 +190,8 @@ class Dispatcher:
 
     def drain(self) -> None:
         """After a stop: retry commits (the lease keeper renews the leases) until
-        every held claim is recorded or the grace period ends."""
+        every held claim is recorded or the grace period ends; then hand back
+        what is left (see :meth:`_hand_back`)."""
         table = self._table
         clock = self._clock
         while True:
@@ -194,16 +202,59 @@ class Dispatcher:
                 assert table.stop_mono is not None
                 left = table.stop_mono + table.grace - clock.monotonic()
                 if left <= 0:
-                    for rec in table.records.values():
-                        rec.abandoned = True
-                    log.warning(
-                        "grace period over: abandoning %d job(s) %s; they run again "
-                        "after their leases expire",
-                        len(table.records),
-                        sorted(r.claim.job.id for r in table.records.values())[:10],
-                    )
-                    return
+                    left_over = list(table.records.values())
+                    for rec in left_over:
+                        rec.abandoned = True  # a result arriving from now on is not recorded
+                    unrecorded = self._committer.take_unrecorded_locked()
+                    break
                 clock.wait(table.changed, min(left, self._budget_locked(left)))
+        self._hand_back(left_over, unrecorded)
+
+    def _hand_back(
+        self, left_over: list[InFlight], unrecorded: dict[int, tuple[Decision, float]]
+    ) -> None:
+        """The grace period is over: record the results that finished but were not
+        recorded yet, and give back the claims whose handlers still run (their
+        attempt given back: the worker stopped them, they did not fail), in one
+        last store call, so nothing waits out its lease or uses an attempt."""
+        completions: list[Completion] = []
+        finished: list[str] = []
+        running: list[str] = []
+        keep = "attempt_at_start" in getattr(self._backend, "features", ())
+        for rec in left_over:
+            claim = rec.claim
+            entry = unrecorded.get(rec.key)
+            try:
+                if entry is not None:
+                    completions.append(entry[0].completion(claim))
+                    finished.append(claim.job.id)
+                elif not rec.done:
+                    completions.append(
+                        Completion.release(claim, note=STOPPED_NOTE)
+                        if keep
+                        else Completion.release(claim)
+                    )
+                    running.append(claim.job.id)
+            except Exception:
+                log.exception("job %s: cannot hand it back", claim.job.id)
+        log.warning(
+            "grace period over: %d job(s) still running %s are handed back (their attempt "
+            "given back), %d finished result(s) not recorded yet %s are recorded now",
+            len(running),
+            sorted(running)[:10],
+            len(finished),
+            sorted(finished)[:10],
+        )
+        if not completions:
+            return
+        try:
+            self._backend.complete(completions)
+        except Exception:
+            log.exception(
+                "handing back %d job(s) at the end of the grace period failed; they run again "
+                "after their leases expire",
+                len(completions),
+            )
 
     # -- helpers --------------------------------------------------------------------------
     def _budget_locked(self, cap: float) -> float:

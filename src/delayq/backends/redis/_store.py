@@ -24,6 +24,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     conflict_error,
     stale_claim,
     undecodable_error,
@@ -435,18 +436,22 @@ class RedisBackend(RedisInspection, RedisSchedules):
         self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
     ) -> None:
         state = check_ack_state(state)
-        reply = self._run("ack", [claim.job.id, claim.token, state.value, outcome or ""])
+        reply = self._run(
+            "ack", [claim.job.id, claim.token, state.value, clip_error(outcome) or ""]
+        )
         if not int(reply[0]):
             raise self._stale(claim, reply)
 
     def retry(self, claim: Claim, run_at: float, error: str) -> None:
-        reply = self._run("retry", [claim.job.id, claim.token, repr(check_run_at(run_at)), error])
+        reply = self._run(
+            "retry", [claim.job.id, claim.token, repr(check_run_at(run_at)), clip_error(error)]
+        )
         if not int(reply[0]):
             raise self._stale(claim, reply)
         self._wakes.woke(reply[1])
 
     def bury(self, claim: Claim, error: str) -> None:
-        reply = self._run("bury", [claim.job.id, claim.token, error])
+        reply = self._run("bury", [claim.job.id, claim.token, clip_error(error)])
         if not int(reply[0]):
             raise self._stale(claim, reply)
 
