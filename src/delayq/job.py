@@ -134,12 +134,12 @@ class EnqueueOutcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Misfire:
-    """What to do with a job found overdue (after downtime) when claimed.
+    """What to do with a job found overdue (after downtime) when its handler would start.
 
     ``Misfire.parse("run")`` always runs it, ``"skip"`` never runs an overdue
     job, and a number of seconds (or ``"grace:30"``) runs it only if it is at
-    most that late. A job counts as overdue when it is claimed more than
-    ``grace`` seconds after its due time; ``"skip"`` uses a 1-second grace so
+    most that late. A job counts as overdue when its handler would start more
+    than ``grace`` seconds after its due time; ``"skip"`` uses a 1-second grace so
     ordinary scheduling latency never skips a job.
     """
 
