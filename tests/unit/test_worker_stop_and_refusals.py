@@ -109,3 +109,43 @@ def test_at_the_end_of_the_grace_period_running_jobs_are_released_and_results_re
     finally:
         release.set()
         h.stop()
+
+
+class _HangingComplete(MemoryBackend):
+    """``complete`` hangs until ``release`` is set."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
+        self.entered.set()
+        self.release.wait(TIMEOUT)
+        return super().complete(batch)
+
+
+def test_the_health_snapshot_shows_a_stuck_commit_and_the_result_waiting_for_it() -> None:
+    h = Harness(_HangingComplete, max_abandoned=3)
+    backend = h.backend
+    assert isinstance(backend, _HangingComplete)
+    h.app.register("x", lambda p: None)
+    try:
+        worker = h.start()
+        idle = worker.health_snapshot()
+        assert (idle.abandoned, idle.abandoned_cap, idle.in_flight) == (0, 3, 0)
+        assert idle.stuck_calls == {} and idle.oldest_result_waiting is None
+        h.app.schedule("x", delay=0)
+        assert backend.entered.wait(TIMEOUT)
+        h.clock.advance(20)
+        health = worker.health_snapshot()
+        assert health.now - health.stuck_calls["committer"] == 20  # over lease / 3: stuck
+        assert health.oldest_result_waiting is not None
+        assert health.now - health.oldest_result_waiting == 20
+        assert health.loop_blocked_since is None and "dispatcher" in health.beats
+        backend.release.set()
+        assert h.next_result().outcome == "succeeded"
+        assert wait_until(lambda: worker.health_snapshot().stuck_calls == {}, TIMEOUT)
+    finally:
+        backend.release.set()
+        h.stop()

@@ -46,7 +46,7 @@ elsewhere (at-least-once). A second signal stops at once (the same hand-back).
 from __future__ import annotations
 
 from delayq.worker._decide import JobResult, Outcome
-from delayq.worker._stats import WorkerStats, percentile
+from delayq.worker._stats import WorkerHealth, WorkerStats, percentile
 from delayq.worker._worker import Worker
 
-__all__ = ["JobResult", "Outcome", "Worker", "WorkerStats", "percentile"]
+__all__ = ["JobResult", "Outcome", "Worker", "WorkerHealth", "WorkerStats", "percentile"]

@@ -91,6 +91,10 @@ class GroupCommitter:
         self._complete_and_claim = backend.complete_and_claim if self.combines else None
         self._finished: list[_Finished] = []
         self._flushing = False
+        # When the flusher's store call began (monotonic; None outside one) and what it
+        # records: written by the flusher alone (plain assignments), read for health.
+        self.call_started: float | None = None
+        self._in_call: list[_Finished] = []
         self._failed: list[_Finished] = []
         self._retry_mono = 0.0
         self._pause = 0.0
@@ -276,6 +280,19 @@ class GroupCommitter:
                 taken[rec.key] = (held.decision, held.duration)
         return taken
 
+    def oldest_waiting_locked(self) -> float | None:
+        """When (monotonic) the oldest decided result not yet recorded was decided:
+        buffered, failed, or held for an abandoned handler; None when there is none."""
+        entries = [*self._finished, *self._failed, *self._in_call]
+        entries += [r.held for r in self._table.records.values() if isinstance(r.held, _Finished)]
+        return min(
+            (
+                e.rec.started_mono + e.duration if e.rec.started else e.rec.mono_claimed
+                for e in entries
+            ),
+            default=None,
+        )
+
     def flushing_locked(self) -> bool:
         """True while a commit is under way or results wait for one."""
         return self._flushing or bool(self._finished)
@@ -350,6 +367,8 @@ class GroupCommitter:
             answers: list[StaleClaim | None] = []
             failure: Exception | None = None
             mono_sent = self._clock.monotonic()
+            self._in_call = [entry for entry, _ in sent]
+            self.call_started = mono_sent
             try:
                 if limit:
                     assert self._complete_and_claim is not None
@@ -366,6 +385,9 @@ class GroupCommitter:
             except Exception as exc:
                 failure = exc
                 claims = []
+            finally:
+                self.call_started = None
+                self._in_call = []
             failed = failure is not None
             pause = 0.0
             with table.lock:

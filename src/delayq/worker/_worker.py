@@ -21,7 +21,7 @@ from delayq.worker._dispatcher import Dispatcher
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import MARK_AFTER, LeaseKeeper
 from delayq.worker._runner import Runner
-from delayq.worker._stats import WorkerStats
+from delayq.worker._stats import WorkerHealth, WorkerStats
 
 __all__ = ["Worker"]
 
@@ -287,6 +287,28 @@ class Worker:
         with table.lock:
             return table.stats.snapshot(
                 in_flight=len(table.records), prefetched=len(table.ready), abandoned=table.abandoned
+            )
+
+    def health_snapshot(self) -> WorkerHealth:
+        """The facts a liveness check judges (see :class:`WorkerHealth`), read under
+        the in-flight table's lock at one instant of the worker's clock."""
+        table = self._table
+        committer = self._committer
+        with table.lock:
+            stuck = dict(table.stuck_call)
+            calling = committer.call_started
+            if calling is not None:
+                stuck["committer"] = calling
+            return WorkerHealth(
+                now=self.clock.monotonic(),
+                lease=self.lease,
+                in_flight=len(table.records),
+                beats=dict(table.beats),
+                stuck_calls=stuck,
+                abandoned=table.abandoned,
+                abandoned_cap=table.abandoned_cap,
+                loop_blocked_since=table.loop_blocked_since,
+                oldest_result_waiting=committer.oldest_waiting_locked(),
             )
 
     # -- the dispatcher thread ------------------------------------------------
