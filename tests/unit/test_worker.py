@@ -598,12 +598,13 @@ def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness
     h.clock.advance(5)
     assert worker.join(TIMEOUT)
     job = h.job(job_id)
-    assert job.state is JobState.RUNNING  # its lease runs out; another worker runs it
+    # Handed back with its attempt before the worker returned: another worker runs it.
+    assert (job.state, job.attempts) == (JobState.SCHEDULED, 0)
     release.set()
     threads[0].join(TIMEOUT)  # the abandoned handler returned and its thread is done
     assert not threads[0].is_alive()
     assert h.results.empty()  # its late result is neither recorded nor reported
-    assert h.job(job_id).state is JobState.RUNNING
+    assert h.job(job_id).state is JobState.SCHEDULED
 
 
 class _StopOnClaim(MemoryBackend):

@@ -107,7 +107,13 @@ def test_a_prefetched_claim_waiting_behind_busy_slots_is_handed_back() -> None:
     second = h.app.schedule("slow", "second", delay=0)
     try:
         worker = h.start()
-        assert wait_until(lambda: worker.stats().prefetched == 1, TIMEOUT)
+        assert wait_until(lambda: started == ["first"], TIMEOUT)
+
+        def prefetched() -> bool:
+            stats = worker.stats()
+            return (stats.in_flight, stats.prefetched) == (2, 1)
+
+        assert wait_until(prefetched, TIMEOUT)
         assert h.job(second).state is JobState.RUNNING  # claimed ahead, waiting for the slot
         h.asleep()
         h.clock.advance(1.0)  # it waited min(1 s, lease / 3) while the slot stayed busy

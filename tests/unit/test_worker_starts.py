@@ -44,7 +44,13 @@ def test_a_prefetched_misfire_skip_job_that_waited_for_a_slot_is_skipped_at_its_
     fast = h.app.schedule("fast", "fast", delay=0, misfire="grace:0.5")
     try:
         worker = h.start()
-        assert wait_until(lambda: worker.stats().prefetched == 1, TIMEOUT)  # claimed on time
+        assert wait_until(lambda: ran == ["slow"], TIMEOUT)
+
+        def prefetched() -> bool:
+            stats = worker.stats()
+            return (stats.in_flight, stats.prefetched) == (2, 1)
+
+        assert wait_until(prefetched, TIMEOUT)  # claimed on time, waiting for the slot
         h.asleep()
         h.clock.advance(0.9)  # it waits 0.9 s for the slot (under the 1 s hand-back bound)
         release.set()
@@ -60,13 +66,20 @@ def test_a_prefetched_misfire_skip_job_that_waited_for_a_slot_is_skipped_at_its_
 def test_start_lateness_counts_the_wait_for_a_slot_and_claim_lateness_does_not() -> None:
     h = Harness(concurrency=1, prefetch=1, lease=30.0)
     release = threading.Event()
-    h.app.register("slow", lambda p: release.wait(TIMEOUT))
+    started = threading.Event()
+    h.app.register("slow", lambda p: (started.set(), release.wait(TIMEOUT)))
     h.app.register("next", lambda p: None)
     h.app.schedule("slow", delay=0)
     later = h.app.schedule("next", delay=0)
     try:
         worker = h.start()
-        assert wait_until(lambda: worker.stats().prefetched == 1, TIMEOUT)
+        assert started.wait(TIMEOUT)
+
+        def prefetched() -> bool:
+            stats = worker.stats()
+            return (stats.in_flight, stats.prefetched) == (2, 1)
+
+        assert wait_until(prefetched, TIMEOUT)
         h.asleep()
         h.clock.advance(0.5)
         release.set()

@@ -122,8 +122,12 @@ class LeaseKeeper:
                         clock.wait(table.leases, self._retry_after)
 
     def _next_deadline_locked(self) -> float:
+        table = self._table
         deadline = math.inf
-        for rec in self._table.records.values():
+        if self._marks and table.records:
+            # Handlers that start while it sleeps are reported within two periods.
+            deadline = self._clock.monotonic() + table.mark_after
+        for rec in table.records.values():
             if rec.lost or rec.abandoned:
                 continue
             deadline = min(deadline, rec.renew_at)
@@ -176,10 +180,15 @@ class LeaseKeeper:
             return
         held: list[InFlight] = []
         try:
+            busy: list[InFlight] = []
             for rec in due:
-                if rec.lock.acquire(blocking=False):
-                    held.append(rec)
+                (held if rec.lock.acquire(blocking=False) else busy).append(rec)
             with table.lock:
+                # Being recorded right now: looked at again shortly, not spun on.
+                later = now + min(0.05, self._lease / 100)
+                for rec in busy:
+                    rec.renew_at = max(rec.renew_at, later)
+                    rec.mark_at = max(rec.mark_at, later)
                 live = [rec for rec in held if table.records.get(rec.key) is rec]
                 claims = [rec.claim for rec in live]
                 started = {
