@@ -6,6 +6,8 @@ clock; a producer with another (skewed) clock must not move a relative delay.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from delayq import DelayQ
@@ -213,11 +215,17 @@ def test_release_is_a_completion_of_a_batch(backend: Backend, clock: FakeClock) 
     assert r2_job is not None and r2_job.state is JobState.SUCCEEDED
 
 
-def test_a_release_completion_takes_no_run_at_or_error() -> None:
-    with pytest.raises(InvalidOption):
-        Completion(None, JobState.SCHEDULED, run_at=1.0, released=True)  # type: ignore[arg-type]
+def test_a_release_completion_takes_only_a_due_time_and_a_note() -> None:
     with pytest.raises(InvalidOption):
         Completion(None, JobState.DEAD, error="x", released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        Completion(None, JobState.SCHEDULED, outcome="x", released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDelay):
+        Completion(None, JobState.SCHEDULED, run_at=math.nan, released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        Completion(None, JobState.SCHEDULED, error=5, released=True)  # type: ignore[arg-type]
+    ok = Completion(None, JobState.SCHEDULED, run_at=1, error="n", released=True)  # type: ignore[arg-type]
+    assert (ok.run_at, ok.error) == (1.0, "n")
 
 
 def test_a_released_job_is_due_again_at_once(backend: Backend, clock: FakeClock) -> None:
