@@ -32,7 +32,7 @@ from delayq.errors import (
     Unsupported,
 )
 from delayq.job import CancelOutcome, Job, JobContext, JobState, Misfire, RescheduleOutcome
-from delayq.recurring import MissedRuns, Schedule
+from delayq.recurring import MissedRuns, Schedule, ScheduleStatus
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import Delayed, DelayedItem, DelayQueue
@@ -85,6 +85,7 @@ __all__ = [
     "SYSTEM_CLOCK",
     "Schedule",
     "ScheduleBackoff",
+    "ScheduleStatus",
     "StaleClaim",
     "SystemClock",
     "Timer",

@@ -42,7 +42,7 @@ from delayq.job import (
     RescheduleOutcome,
     Stats,
 )
-from delayq.recurring import Schedule
+from delayq.recurring import Schedule, ScheduleStatus
 
 __all__ = ["AsyncDelayQ"]
 
@@ -174,6 +174,22 @@ class AsyncDelayQ:
     async def recurring(self, name: str, **definition: Any) -> Schedule:
         """:meth:`DelayQ.recurring`: store (or change) a recurring schedule."""
         return await asyncio.to_thread(self.app.recurring, name, **definition)
+
+    async def sync_recurring(
+        self, definitions: Iterable[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> dict[str, list[str]]:
+        """:meth:`DelayQ.sync_recurring`."""
+        return await asyncio.to_thread(self.app.sync_recurring, definitions, dry_run=dry_run)
+
+    async def run_recurring_now(self, name: str) -> str:
+        """:meth:`DelayQ.run_recurring_now`."""
+        return await asyncio.to_thread(self.app.run_recurring_now, name)
+
+    async def recurring_status(
+        self, name: str, *, runs: int = 5, history: int = 10
+    ) -> ScheduleStatus | None:
+        """:meth:`DelayQ.recurring_status`."""
+        return await asyncio.to_thread(self.app.recurring_status, name, runs=runs, history=history)
 
     async def recurring_schedules(self) -> list[Schedule]:
         return await asyncio.to_thread(self.app.recurring_schedules)

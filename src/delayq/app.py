@@ -69,7 +69,7 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
-from delayq.recurring.model import TICK_HANDLER, Schedule
+from delayq.recurring.model import TICK_HANDLER, Schedule, ScheduleStatus
 from delayq.recurring.schedules import RecurringSchedules
 
 __all__ = [
@@ -440,7 +440,9 @@ class DelayQ(JobBuilder):
         jitter: float | timedelta = 0,
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
-        misfire: str = "latest",
+        misfire: str | float = "latest",
+        overlap: Literal["allow", "skip", "replace"] = "allow",
+        conflict: Literal["replace", "keep"] = "replace",
     ) -> Schedule:
         """Store a recurring schedule (or change the stored one to this definition).
 
@@ -451,10 +453,15 @@ class DelayQ(JobBuilder):
         options ``max_attempts`` / ``backoff``; ``jitter`` delays each one by a
         random 0..jitter seconds. ``start`` / ``end`` bound the occurrences.
         ``misfire`` decides what runs after downtime: ``"latest"`` (the latest
-        missed occurrence, once), ``"skip"`` (none) or ``"catchup:N"`` (the last
-        N). Calling it again with the same definition changes nothing (call it
-        at every start-up); a paused schedule stays paused. Needs a store with
-        the ``recurring`` feature. See :mod:`delayq.recurring`.
+        missed occurrence, once), ``"skip"`` (none), ``"catchup:N"`` (the last
+        N) or a grace in seconds (the latest, if at most that late).
+        ``overlap`` decides what an occurrence does while the previous one still
+        waits or runs: ``"allow"``, ``"skip"`` (it does not run) or
+        ``"replace"`` (a previous one not yet started is cancelled). Calling it
+        again with the same definition changes nothing (call it at every
+        start-up); ``conflict="keep"`` also leaves a different stored definition
+        as it is. A paused schedule stays paused. Needs a store with the
+        ``recurring`` feature. See :mod:`delayq.recurring`.
         """
         return self._recurring.add(
             name,
@@ -469,7 +476,31 @@ class DelayQ(JobBuilder):
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
+            overlap=overlap,
+            conflict=conflict,
         )
+
+    def sync_recurring(
+        self, definitions: Iterable[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> dict[str, list[str]]:
+        """Make the stored schedules exactly ``definitions`` (mappings of ``name``
+        and :meth:`recurring`'s keywords), removing every other one; all are
+        checked before anything changes. Returns the names ``created``,
+        ``changed``, ``unchanged`` and ``removed`` (``dry_run``: only says so)."""
+        return self._recurring.sync(definitions, dry_run=dry_run)
+
+    def run_recurring_now(self, name: str) -> str:
+        """Enqueue an occurrence of schedule ``name`` due now (its handler, payload,
+        options; id ``<name>@<now>``), whatever its timing or pause; return its id."""
+        return self._recurring.run_now(name)
+
+    def recurring_status(
+        self, name: str, *, runs: int = 5, history: int = 10
+    ) -> ScheduleStatus | None:
+        """Schedule ``name`` with its next ``runs`` run times and its latest
+        ``history`` occurrences and their jobs' states (newest first; a finished
+        record lasts as long as the store keeps it), or None."""
+        return self._recurring.status(name, runs=runs, history=history)
 
     def recurring_schedules(self) -> list[Schedule]:
         """Every stored schedule, by name (``schedule.next_run(now)`` says when next)."""

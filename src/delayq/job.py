@@ -6,9 +6,11 @@ are wall-clock epoch seconds on the deciding clock (the backend's).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -31,6 +33,7 @@ __all__ = [
     "RescheduleOutcome",
     "Stats",
     "check_on_conflict",
+    "occurrence_time",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 5
@@ -317,9 +320,29 @@ class JobContext:
         return self.claimed_at - self.run_at
 
     @property
+    def scheduled_for(self) -> float | None:
+        """The nominal time of a recurring occurrence (from its id
+        ``<name>@<UTC time>``: before jitter, and kept when a retry or a crash
+        moves ``run_at``); None for a job whose id has no such time."""
+        return occurrence_time(self.id)
+
+    @property
     def is_last_attempt(self) -> bool:
         """True when a failure now sends the job to the dead-letter set."""
         return self.attempt >= self.max_attempts
+
+
+_OCCURRENCE_STAMP = re.compile(r"@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{3})?Z\Z")
+
+
+def occurrence_time(job_id: str) -> float | None:
+    """The UTC time at the end of a recurring occurrence id ``<name>@<UTC time>``
+    (as :func:`delayq.recurring.occurrence_id` writes it), else None."""
+    found = _OCCURRENCE_STAMP.search(job_id)
+    if found is None:
+        return None
+    when = datetime.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return when.timestamp() + (float(found.group(2)) if found.group(2) else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,10 @@
 ``record``, which appends one line per run to ``OUTDIR/ran.<pid>``::
 
     <job id> <run_at> <pid> <payload as JSON>
+
+and ``slow``, which sleeps ``payload["sleep"]`` seconds and then appends
+``<job id> <start> <end> <scheduled_for>`` (wall-clock times) to
+``OUTDIR/spans.<pid>``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +34,25 @@ def main(argv: list[str] | None = None) -> None:
     app = DelayQ(args.url)
     pid = os.getpid()
     out = (Path(args.outdir) / f"ran.{pid}").open("a", encoding="utf-8")
+    spans = (Path(args.outdir) / f"spans.{pid}").open("a", encoding="utf-8")
 
     @app.handler("record")
     def record(payload: Any, ctx: JobContext) -> None:
         out.write(f"{ctx.id} {ctx.run_at!r} {pid} {json.dumps(payload)}\n")
         out.flush()
 
+    @app.handler("slow")
+    def slow(payload: Any, ctx: JobContext) -> None:
+        start = time.time()
+        time.sleep(float(payload["sleep"]))
+        spans.write(f"{ctx.id} {start!r} {time.time()!r} {ctx.scheduled_for!r}\n")
+        spans.flush()
+
     try:
         Worker(app, concurrency=2, lease=10.0, grace=5.0).run()
     finally:
         out.close()
+        spans.close()
         app.close()
 
 

@@ -1,6 +1,8 @@
 """Three worker processes on one SQLite store (and on Redis and PostgreSQL) run a
-1-second schedule: every occurrence exactly once, edits and pauses take effect
-while they run, and removing the schedule stops it."""
+1-second schedule: every occurrence exactly once, also when the process running
+the chain stops; edits and pauses take effect while they run, removing the
+schedule stops it; overlap="skip", run now and declarative sync hold across
+the processes."""
 
 from __future__ import annotations
 
@@ -27,6 +29,16 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0  # generous: the machine is shared and loaded
+
+
+@dataclass(frozen=True)
+class Span:
+    """One run of the ``slow`` handler: wall-clock start and end, nominal time."""
+
+    job_id: str
+    start: float
+    end: float
+    scheduled_for: float
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,20 @@ class Cluster:
                 job_id, run_at, pid, payload = line.split(" ", 3)
                 found.append(Run(job_id, float(run_at), int(pid), json.loads(payload)))
         return sorted(found, key=lambda r: r.run_at)
+
+    def spans(self) -> list[Span]:
+        found = []
+        for path in self.outdir.glob("spans.*"):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                job_id, start, end, scheduled_for = line.split(" ")
+                found.append(Span(job_id, float(start), float(end), float(scheduled_for)))
+        return sorted(found, key=lambda s: s.start)
+
+    def stop_worker(self, pid: int) -> None:
+        """SIGTERM the worker process ``pid`` and wait for it to exit."""
+        [worker] = [w for w in self.workers if w.pid == pid]
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=DEADLINE)
 
     def wait_for(self, job_id: str) -> None:
         """Wait until the job ``job_id`` has run."""
@@ -149,9 +175,17 @@ def test_three_workers_on_postgres_run_each_occurrence_exactly_once(
 
 def exactly_once_then_removed(cluster: Cluster) -> None:
     cluster.app.recurring("beat", handler="record", every=1, payload={"v": 1})
-    assert wait_until(lambda: len(occurrences(cluster.runs(), "beat")) >= 6, DEADLINE, 0.05), (
+    assert wait_until(lambda: len(occurrences(cluster.runs(), "beat")) >= 3, DEADLINE, 0.05), (
         cluster.runs()
     )
+    # Stop the process that ran the latest occurrence: the rest must run elsewhere,
+    # so at least two processes share the schedule, whichever claimed what before.
+    stopped = occurrences(cluster.runs(), "beat")[-1].pid
+    cluster.stop_worker(stopped)
+    seen = len(occurrences(cluster.runs(), "beat"))
+    assert wait_until(
+        lambda: len(occurrences(cluster.runs(), "beat")) >= seen + 3, DEADLINE, 0.05
+    ), cluster.runs()
     assert cluster.app.remove_recurring("beat") is True
     removed_at = time.time()
     cluster.sentinel("after-remove", after=2.5)
@@ -160,7 +194,7 @@ def exactly_once_then_removed(cluster: Cluster) -> None:
     assert all(n == 1 for n in counts.values()), counts  # exactly once per occurrence
     assert all(r.job_id == occurrence_id("beat", r.run_at) for r in runs)
     assert all(r.run_at <= removed_at for r in runs)  # nothing after the removal
-    assert len({r.pid for r in runs}) >= 2 or len(runs) < 6  # the workers shared them
+    assert {r.pid for r in runs[seen:]} - {stopped}  # others went on after it stopped
 
 
 def test_changing_and_pausing_a_schedule_while_workers_run(cluster: Cluster) -> None:
@@ -195,3 +229,63 @@ def test_changing_and_pausing_a_schedule_while_workers_run(cluster: Cluster) -> 
     assert not [r for r in runs if paused_at < r.run_at <= resumed_at]  # none of the pause
     counts = Counter(r.job_id for r in runs)
     assert all(n == 1 for n in counts.values()), counts
+
+
+def test_overlap_skip_run_now_and_sync_across_three_workers(cluster: Cluster) -> None:
+    policies_across_processes(cluster)
+
+
+@pytest.mark.redis
+def test_overlap_skip_run_now_and_sync_across_three_workers_on_redis(
+    redis_cluster: Cluster,
+) -> None:
+    policies_across_processes(redis_cluster)
+
+
+@pytest.mark.postgres
+def test_overlap_skip_run_now_and_sync_across_three_workers_on_postgres(
+    postgres_cluster: Cluster,
+) -> None:
+    policies_across_processes(postgres_cluster)
+
+
+def policies_across_processes(cluster: Cluster) -> None:
+    app = cluster.app
+    beat = {"name": "beat", "handler": "record", "every": 1, "payload": {"v": 1}}
+    daily = {"name": "daily", "handler": "record", "cron": "0 3 * * *"}
+    slow = {
+        "name": "slow",
+        "handler": "slow",
+        "every": 1,
+        "overlap": "skip",
+        "payload": {"sleep": 2.5},  # each run outlasts two occurrences
+    }
+    assert app.sync_recurring([beat, daily, slow])["created"] == ["beat", "daily", "slow"]
+    now_id = app.run_recurring_now("daily")  # its next run is hours away
+    cluster.wait_for(now_id)
+    assert wait_until(lambda: len(cluster.spans()) >= 3, DEADLINE, 0.05), cluster.spans()
+
+    result = app.sync_recurring([{**beat, "payload": {"v": 2}}, daily])  # slow deleted from code
+    synced_at = time.time()
+    assert result == {
+        "created": [],
+        "changed": ["beat"],
+        "unchanged": ["daily"],
+        "removed": ["slow"],
+    }
+    assert wait_until(
+        lambda: sum(r.payload == {"v": 2} for r in occurrences(cluster.runs(), "beat")) >= 2,
+        DEADLINE,
+        0.05,
+    )
+    cluster.sentinel("after-sync", after=3.5)
+
+    spans = cluster.spans()
+    assert all(a.end < b.start for a, b in itertools.pairwise(spans)), spans  # one at a time
+    assert all(s.job_id == occurrence_id("slow", s.scheduled_for) for s in spans)
+    assert all(s.scheduled_for < synced_at for s in spans)  # none due after the sync removed it
+    runs = cluster.runs()
+    assert [r.job_id for r in runs].count(now_id) == 1
+    beats = occurrences(runs, "beat")
+    assert all(n == 1 for n in Counter(r.job_id for r in beats).values())
+    assert all(r.payload == {"v": 2} for r in beats if r.run_at > synced_at + 1)

@@ -108,3 +108,90 @@ def test_bad_definitions_exit_2_and_store_nothing(url: str, args: list[str], mes
 def test_a_forgetful_store_is_refused() -> None:
     result = CliRunner().invoke(cli, ["--url", "memory://", "recurring", "ls"])
     assert result.exit_code == 2 and "memory://" in result.output
+
+
+def test_update_changes_only_the_options_it_is_given(url: str) -> None:
+    run(url, "add", "r1", '{"a": 1}', "--cron", "0 3 * * *", "--tz", "Europe/Berlin")
+    out = run(url, "update", "r1", "--cron", "0 4 * * *").output
+    assert out.startswith("schedule r1: cron 0 4 * * * (Europe/Berlin), next run ")
+    [entry] = run_json(url, "ls")
+    assert (entry["cron"], entry["tz"], entry["payload"]) == (
+        "0 4 * * *",
+        "Europe/Berlin",
+        {"a": 1},
+    )
+    run(url, "update", "r1", "--payload", '{"a": 2}', "--overlap", "skip")
+    [entry] = run_json(url, "ls")
+    assert (entry["cron"], entry["payload"], entry["overlap"]) == ("0 4 * * *", {"a": 2}, "skip")
+    assert "no recurring schedule named 'nope'" in run(url, "update", "nope", code=1).output
+
+
+def test_ls_and_show_print_times_in_the_schedules_zone(url: str) -> None:
+    run(url, "add", "r1", "--cron", "0 3 * * *", "--tz", "Europe/Berlin")
+    run(url, "add", "r2", "--every", "1h")
+    out = run(url, "ls").output
+    assert "03:00:00 CE" in out  # CET or CEST, as the date falls
+    assert "UTC" in out
+    shown = run(url, "show", "r1", "--runs", "2").output
+    assert shown.startswith("r1: cron 0 3 * * * (Europe/Berlin), active")
+    assert shown.count("03:00:00 CE") >= 2 and "last run: -" in shown
+    data = run_json(url, "show", "r1", "--runs", "3")
+    assert len(data["next_runs"]) == 3 and data["history"] == [] and data["last_run"] is None
+    assert "no recurring schedule named 'x'" in run(url, "show", "x", code=1).output
+
+
+def test_run_enqueues_an_occurrence_due_now(url: str) -> None:
+    run(url, "add", "report", '{"to": "ops"}', "--cron", "0 3 * * *", "--handler", "h")
+    out = run(url, "run", "report").output
+    assert out.startswith("enqueued report@")
+    job_id = out.split()[1]
+    with DelayQ(url) as app:
+        job = app.get(job_id)
+        assert job is not None and (job.name, job.payload) == ("h", {"to": "ops"})
+    assert "no recurring schedule named 'x'" in run(url, "run", "x", code=1).output
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_sync_makes_the_store_hold_exactly_the_files_schedules(
+    url: str, tmp_path: Path, suffix: str
+) -> None:
+    run(url, "add", "old", "--every", "1m")
+    run(url, "add", "keep", "--every", "1m")
+    path = tmp_path / f"schedules{suffix}"
+    if suffix == ".json":
+        path.write_text(
+            json.dumps(
+                [
+                    {"name": "keep", "every": 60},
+                    {"name": "new", "cron": "@daily", "tz": "Europe/Berlin", "payload": {"a": 1}},
+                ]
+            )
+        )
+    else:
+        path.write_text(
+            '[keep]\nevery = 60\n\n[new]\ncron = "@daily"\ntz = "Europe/Berlin"\n'
+            "payload = { a = 1 }\n"
+        )
+    out = run(url, "sync", str(path), "--dry-run").output
+    assert "would be created 1: new" in out and "would be removed 1: old" in out
+    assert [e["name"] for e in run_json(url, "ls")] == ["keep", "old"]
+    assert run_json(url, "sync", str(path)) == {
+        "created": ["new"],
+        "changed": [],
+        "unchanged": ["keep"],
+        "removed": ["old"],
+    }
+    assert [(e["name"], e["payload"]) for e in run_json(url, "ls")] == [
+        ("keep", None),
+        ("new", {"a": 1}),
+    ]
+
+
+def test_sync_refuses_a_bad_file_and_changes_nothing(url: str, tmp_path: Path) -> None:
+    run(url, "add", "old", "--every", "1m")
+    path = tmp_path / "bad.json"
+    path.write_text('[{"name": "x", "every": 0}]')
+    assert "every" in run(url, "sync", str(path), code=2).output
+    path.write_text("{not json")
+    assert "not valid" in run(url, "sync", str(path), code=2).output
+    assert [e["name"] for e in run_json(url, "ls")] == ["old"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from delayq.errors import ConfigurationError, InvalidOption
 
@@ -86,7 +86,8 @@ def split_url(
             )
         else:
             theirs.append((name, value))
-    return _unsplit(parts._replace(query=urlencode(theirs))), ours
+    # %20 for a space: libpq decodes only %XX (urlencode's default + would reach it as +)
+    return _unsplit(parts._replace(query=urlencode(theirs, quote_via=quote))), ours
 
 
 class UrlOptions:

@@ -94,13 +94,14 @@ def schedule(
 
 
 @click.command()
+@click.option("--sql", "as_sql", is_flag=True, help="Print the statements; change nothing.")
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, as_sql: bool) -> None:
     """Create or upgrade a PostgreSQL store's schema (safe to run concurrently)."""
     with _errors():
         from delayq.backends.postgres.migrate import migrate_url  # noqa: PLC0415 (optional extra)
 
-        click.echo(migrate_url(ctx.obj.url))
+        click.echo(migrate_url(ctx.obj.url, sql=as_sql))
 
 
 @click.command()

@@ -11,7 +11,8 @@ The model, with no I/O: a :class:`Schedule` (as stored through the store's
 an occurrence (``<name>@<UTC time>``) and of its tick, and :func:`plan`, what
 one tick does. :mod:`delayq.recurring.schedules` stores, edits and runs them;
 ARCHITECTURE.md ("Recurring schedules") tells how the tick chain needs no
-leader process.
+leader process. (Past 400 lines: the misfire policy, the timing of a schedule
+and its status are one pure model that every other part of the package reads.)
 
 The occurrence job is an ordinary job of the schedule's handler (its retries,
 backoff, dead letters, cancel by id), enqueued by its tick :data:`LEAD` seconds
@@ -43,19 +44,25 @@ from cronsim import CronSim, CronSimError
 
 from delayq.backends.base import ScheduleRecord
 from delayq.errors import BackendError, InvalidOption
-from delayq.job import Misfire
+from delayq.job import Misfire, occurrence_time
 
 __all__ = [
     "LEAD",
+    "MACROS",
     "MAX_CATCHUP",
     "MIN_EVERY",
+    "OVERLAP",
     "TICK_HANDLER",
     "MissedRuns",
+    "Occurrence",
     "Plan",
     "Schedule",
+    "ScheduleStatus",
     "check_cron",
     "check_zone",
+    "expand_cron",
     "occurrence_id",
+    "occurrence_time",
     "plan",
     "tick_id",
 ]
@@ -75,6 +82,25 @@ stand in line before an occurrence)."""
 
 MAX_CATCHUP = 1000
 """The most missed occurrences ``misfire="catchup:N"`` may run."""
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+"""The cron macros and the expressions they stand for (as in Vixie cron)."""
+
+OVERLAP = ("allow", "skip", "replace")
+"""The overlap policies: what an occurrence does while the previous one still runs."""
+
+
+def expand_cron(expr: str) -> str:
+    """``expr`` with a macro (``@daily``, ...) replaced by its expression."""
+    return MACROS.get(expr.strip().lower(), expr)
 
 
 # -- ids ------------------------------------------------------------------------------
@@ -102,11 +128,14 @@ class MissedRuns:
     ``"latest"`` (the default) runs the latest due occurrence once, however
     late; ``"skip"`` runs none that is more than :attr:`SKIP_GRACE` seconds late
     (so only an on-time occurrence runs); ``"catchup:N"`` runs the last ``N`` due
-    occurrences, oldest first (``N`` at most :data:`MAX_CATCHUP`).
+    occurrences, oldest first (``N`` at most :data:`MAX_CATCHUP`); a number of
+    seconds ``g`` (or ``"grace:g"``) runs the latest due occurrence if it is at
+    most ``g`` seconds late, else none.
     """
 
-    policy: Literal["skip", "latest", "catchup"] = "latest"
+    policy: Literal["skip", "latest", "catchup", "grace"] = "latest"
     count: int = 1
+    grace: float | None = None
 
     SKIP_GRACE: ClassVar[float] = Misfire.SKIP_GRACE
 
@@ -118,17 +147,25 @@ class MissedRuns:
             return value
         if value == "skip":
             return cls("skip")
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+            isinstance(value, str) and value.startswith("grace:")
+        ):
+            grace = Misfire.parse(value).grace
+            assert grace is not None
+            return cls("grace", grace=grace)
         text = value.removeprefix("catchup:") if isinstance(value, str) else None
         if text is not None and text != value and text.isdigit():
             count = int(text)
             if 1 <= count <= MAX_CATCHUP:
                 return cls("catchup", count)
         raise InvalidOption(
-            f"misfire must be 'latest', 'skip' or 'catchup:<N>' with 1 <= N <= {MAX_CATCHUP}; "
-            f"got {value!r}"
+            f"misfire must be 'latest', 'skip', 'catchup:<N>' with 1 <= N <= {MAX_CATCHUP} "
+            f"or a grace in seconds; got {value!r}"
         )
 
     def to_spec(self) -> str:
+        if self.policy == "grace":
+            return Misfire("grace", self.grace).to_spec()
         return f"catchup:{self.count}" if self.policy == "catchup" else self.policy
 
     @property
@@ -140,8 +177,9 @@ class MissedRuns:
         """The occurrences to run, from ``due`` (ascending, the latest ``window``)."""
         if not due:
             return []
-        if self.policy == "skip":
-            return due[-1:] if now - due[-1] <= self.SKIP_GRACE else []
+        if self.policy in ("skip", "grace"):
+            grace = self.SKIP_GRACE if self.grace is None else self.grace
+            return due[-1:] if now - due[-1] <= grace else []
         return due[-self.count :]
 
 
@@ -165,7 +203,7 @@ def check_cron(expr: object, zone: ZoneInfo, now: float) -> str:
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidOption(f"cron must be a cron expression such as '0 3 * * *', got {expr!r}")
     try:
-        next(CronSim(expr, datetime.fromtimestamp(now, zone)))
+        next(CronSim(expand_cron(expr), datetime.fromtimestamp(now, zone)))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:
         raise InvalidOption(f"cron {expr!r} is not a valid cron expression: {exc}") from exc
     except StopIteration:
@@ -178,9 +216,12 @@ class Schedule:
     """A recurring schedule as stored (see the module docstring).
 
     Times are epoch seconds. ``payload`` is JSON text, ``backoff`` a backoff spec,
-    ``misfire`` a :class:`MissedRuns` spec; ``anchor`` is the first ``every=``
-    occurrence; occurrences at or before ``not_before`` never run.
-    ``version`` is the store's record version (not part of the definition).
+    ``misfire`` a :class:`MissedRuns` spec, ``overlap`` one of :data:`OVERLAP`;
+    ``anchor`` is the first ``every=`` occurrence; occurrences at or before
+    ``not_before`` never run. ``generation`` is drawn when the schedule is
+    created and kept by its edits (a schedule removed and created again is a
+    new generation, whatever its record version). ``version`` is the store's
+    record version (not part of the definition).
     """
 
     name: str
@@ -195,9 +236,11 @@ class Schedule:
     max_attempts: int = 5
     backoff: dict[str, Any] = field(default_factory=lambda: {"kind": "exponential"})
     misfire: str = "latest"
+    overlap: str = "allow"
     paused: bool = False
     not_before: float = 0.0
     anchor: float = 0.0
+    generation: str = ""
     version: int = 0
 
     DEFINITION: ClassVar[tuple[str, ...]] = (
@@ -212,6 +255,7 @@ class Schedule:
         "max_attempts",
         "backoff",
         "misfire",
+        "overlap",
     )
     TIMING: ClassVar[tuple[str, ...]] = ("cron", "every", "tz", "start", "end")
 
@@ -219,7 +263,19 @@ class Schedule:
     def to_json(self) -> str:
         data = asdict(self)
         del data["version"], data["name"]
+        for key, default in _OPTIONAL.items():  # left out at their defaults, so a
+            if data[key] == default:  # delayq that predates them reads the record
+                del data[key]
         return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def generation_of(record: ScheduleRecord) -> str:
+        """The generation of a stored record, without reading the rest of it."""
+        try:
+            data = json.loads(record.data)
+        except ValueError:
+            return ""
+        return str(data.get("generation", "")) if isinstance(data, dict) else ""
 
     @classmethod
     def from_record(cls, record: ScheduleRecord) -> Schedule:
@@ -227,14 +283,21 @@ class Schedule:
             data = json.loads(record.data)
             if not isinstance(data, dict):
                 raise TypeError("not a JSON object")
-            schedule = cls(name=record.name, version=record.version, **data)
+            known = {k: v for k, v in data.items() if k in _FIELDS}  # newer fields: ignored
+            schedule = cls(name=record.name, version=record.version, **known)
             schedule.next_after(schedule.not_before)  # the timing must evaluate
         except (TypeError, ValueError, InvalidOption) as exc:
             raise BackendError(f"recurring schedule {record.name!r} is unreadable: {exc}") from exc
         return schedule
 
     def same_definition(self, other: Schedule) -> bool:
-        return all(getattr(self, k) == getattr(other, k) for k in self.DEFINITION)
+        """True when ``other`` defines the same schedule (payloads compared as
+        JSON values: key order does not count)."""
+        return all(
+            getattr(self, k) == getattr(other, k) for k in self.DEFINITION if k != "payload"
+        ) and (
+            self.payload == other.payload or json.loads(self.payload) == json.loads(other.payload)
+        )
 
     def same_timing(self, other: Schedule) -> bool:
         return all(getattr(self, k) == getattr(other, k) for k in self.TIMING)
@@ -255,7 +318,7 @@ class Schedule:
         assert self.cron is not None
         try:
             return next(
-                CronSim(self.cron, datetime.fromtimestamp(t, ZoneInfo(self.tz)))
+                CronSim(expand_cron(self.cron), datetime.fromtimestamp(t, ZoneInfo(self.tz)))
             ).timestamp()
         except StopIteration:
             return None
@@ -295,7 +358,7 @@ class Schedule:
             # A start with microseconds is its own first step back: occurrences <= hi.
             # (fromtimestamp, not "+ timedelta": that would lose the fold of a repeated hour)
             top = datetime.fromtimestamp(math.floor(hi) + 0.5, zone)
-            for when in CronSim(self.cron, top, reverse=True):
+            for when in CronSim(expand_cron(self.cron), top, reverse=True):
                 at = when.timestamp()
                 if at < lo or at <= self.not_before or len(found) >= limit:
                     break
@@ -303,17 +366,27 @@ class Schedule:
         found.reverse()
         return found
 
-    def misfire_of(self, at: float) -> str:
-        """The job misfire policy of the occurrence at ``at`` (see :class:`Misfire`).
+    def misfire_of(self, at: float, now: float) -> str:
+        """The job misfire policy of the occurrence at ``at``, enqueued at ``now``
+        (see :class:`Misfire`).
 
         It applies ``misfire`` to a job enqueued ahead that is claimed late: under
         ``latest`` it is skipped once the next occurrence is due (that one
-        supersedes it), under ``catchup:N`` once the N-th next one is due, and
-        under ``skip`` when more than :attr:`MissedRuns.SKIP_GRACE` late.
+        supersedes it), under ``catchup:N`` once the N-th next one is due, under
+        ``skip`` when more than :attr:`MissedRuns.SKIP_GRACE` late, and under a
+        grace when more than that late. An occurrence a late tick chose (already
+        due when enqueued) always runs under ``latest`` and ``catchup:N``: the
+        tick chose it as one of the latest, and only a later tick supersedes it
+        (explicitly: it cancels the occurrence), however long a backlog keeps
+        every job late.
         """
         missed = self.missed
         if missed.policy == "skip":
             return "skip"
+        if missed.policy == "grace":
+            return missed.to_spec()
+        if at <= now:
+            return "run"
         later = self.nth_after(at, missed.count)
         return "run" if later is None else Misfire("grace", later - at).to_spec()
 
@@ -327,7 +400,7 @@ class Schedule:
             at = (round(at * 1000) + (n - 1) * round(self.every * 1000)) / 1000
         else:
             assert self.cron is not None
-            it = CronSim(self.cron, datetime.fromtimestamp(at, ZoneInfo(self.tz)))
+            it = CronSim(expand_cron(self.cron), datetime.fromtimestamp(at, ZoneInfo(self.tz)))
             for _ in range(n - 1):
                 try:
                     at = next(it).timestamp()
@@ -351,6 +424,10 @@ class Schedule:
         if now is not None:
             data["next_run"] = self.next_run(now)
         return data
+
+
+_FIELDS = frozenset(Schedule.__dataclass_fields__) - {"name", "version"}
+_OPTIONAL = {"overlap": "allow", "generation": ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,3 +456,47 @@ def plan(schedule: Schedule, tick_at: float, now: float) -> Plan:
     hi = max(tick_at, now)
     due = schedule.due_between(tick_at, hi, missed.window)
     return Plan(tuple(missed.choose(due, now)), schedule.next_after(max(hi, schedule.not_before)))
+
+
+# -- status -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence of a schedule and what became of its job.
+
+    ``state`` is the job's state, None when there is no job (not enqueued yet,
+    fell into a pause, skipped for an overlap, or its finished record expired).
+    ``updated_at`` is when the job last changed (its end, once finished);
+    ``note`` its outcome note or last error.
+    """
+
+    at: float
+    job_id: str
+    state: str | None = None
+    attempts: int = 0
+    updated_at: float | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleStatus:
+    """A schedule with its next run times and its recent occurrences (newest first)."""
+
+    schedule: Schedule
+    next_runs: tuple[float, ...]
+    history: tuple[Occurrence, ...]
+
+    @property
+    def last_run(self) -> Occurrence | None:
+        """The newest occurrence that started (running or finished), or None."""
+        for occurrence in self.history:
+            if occurrence.state not in (None, "scheduled", "cancelled"):
+                return occurrence
+        return None
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        data = self.schedule.as_dict(now)
+        data["next_runs"] = list(self.next_runs)
+        data["history"] = [asdict(o) for o in self.history]
+        last = self.last_run
+        data["last_run"] = None if last is None else asdict(last)
+        return data

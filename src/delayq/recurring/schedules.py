@@ -4,79 +4,63 @@
 delegate to. The model (schedules, occurrences, the pure ``plan`` of a tick)
 is :mod:`delayq.recurring.model`; this module adds the input checks (through the
 app's own ``build``, so job options are checked and defaulted exactly as for
-``schedule``), the compare-and-set edits of the stored record, and the tick
-handler that extends the chain.
+``schedule``), the compare-and-set edits of the stored record, status and
+declarative sync; the jobs of the chain (ticks, occurrences, settling after an
+edit) are :mod:`delayq.recurring.chain`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import random
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from delayq._validate import (
     MAX_DELAY,
     check_datetime,
     check_duration,
     check_schedule_name,
-    check_seconds,
 )
-from delayq.backends.base import Backend, ScheduleStore
-from delayq.clock import Clock
-from delayq.errors import BackendError, ConfigurationError, InvalidOption, JobConflict
-from delayq.job import EnqueueOutcome, JobContext, JobSpec, JobState
+from delayq.errors import BackendError, InvalidOption
+from delayq.recurring.chain import _SETTLE_WINDOW, Chain, JobFactory
 from delayq.recurring.model import (
-    LEAD,
     MIN_EVERY,
+    OVERLAP,
     TICK_HANDLER,
     MissedRuns,
-    Plan,
+    Occurrence,
     Schedule,
+    ScheduleStatus,
     check_cron,
     check_zone,
     occurrence_id,
-    plan,
-    tick_id,
 )
 
 __all__ = ["JobFactory", "RecurringSchedules"]
 
-_TICK_MAX_ATTEMPTS = 100  # a tick fails only when the store does; keep trying for hours
-_TICK_BACKOFF: dict[str, Any] = {"kind": "exponential", "base": 1.0, "factor": 2.0, "cap": 300.0}
 _CAS_TRIES = 20  # compare-and-set attempts of one edit racing others
-# Occurrence jobs are enqueued at most LEAD seconds ahead (on the store's clock);
-# an edit settles those within twice that, for a producer clock a little behind.
-_SETTLE_WINDOW = 2 * LEAD
-_SETTLE_MAX = 100
+_MAX_CRON_JITTER = 86400.0
+
+_EDITABLE = (
+    "cron",
+    "every",
+    "tz",
+    "payload",
+    "handler",
+    "start",
+    "end",
+    "jitter",
+    "max_attempts",
+    "backoff",
+    "misfire",
+    "overlap",
+)
 
 
-class JobFactory(Protocol):
-    """What the schedules need of their app (:class:`~delayq.app.DelayQ` is one):
-    its store, its clock, and its checks of job arguments."""
-
-    @property
-    def backend(self) -> Backend: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    def build(
-        self,
-        name: str,
-        payload: Any = None,
-        *,
-        delay: float | timedelta | None = None,
-        max_attempts: int | None = None,
-        backoff: Any = None,
-    ) -> JobSpec: ...
-
-
-class RecurringSchedules:
+class RecurringSchedules(Chain):
     """Add, list, change, pause, resume and remove schedules; run ticks.
 
     The jobs a schedule makes (ticks, occurrences) are delayq's own: they go to
@@ -87,23 +71,6 @@ class RecurringSchedules:
     Holds no state of its own besides the app and the rng (``random.Random`` is
     thread-safe for ``uniform``), so it is safe to share between threads.
     """
-
-    def __init__(self, app: JobFactory, *, rng: random.Random | None = None) -> None:
-        self._app = app
-        self._rng = rng if rng is not None else random.Random()
-
-    @property
-    def store(self) -> ScheduleStore:
-        """The app's store, if it keeps schedules (else a clear ConfigurationError)."""
-        backend = self._app.backend
-        if "recurring" not in getattr(backend, "features", ()) or not isinstance(
-            backend, ScheduleStore
-        ):
-            raise ConfigurationError(
-                f"the store {backend.url} does not keep recurring schedules "
-                f"(it lacks the 'recurring' feature)"
-            )
-        return backend
 
     # -- definitions --------------------------------------------------------------------
     def define(
@@ -121,14 +88,28 @@ class RecurringSchedules:
         max_attempts: object = None,
         backoff: Any = None,
         misfire: object = "latest",
+        overlap: object = "allow",
         now: float,
     ) -> Schedule:
         """Validate a definition into a :class:`Schedule` (not stored). Every bad
         argument is an :class:`~delayq.errors.InvalidInput` naming it."""
         name = check_schedule_name(name)
+        if name != name.strip():
+            raise InvalidOption(f"schedule name must not start or end with a space, got {name!r}")
+        if name.startswith(TICK_HANDLER):
+            raise InvalidOption(
+                f"schedule name must not start with {TICK_HANDLER!r} (the ids of ticks), "
+                f"got {name!r}"
+            )
+        if handler == TICK_HANDLER:
+            raise InvalidOption(f"handler {TICK_HANDLER!r} is the built-in handler of ticks")
         if (cron is None) == (every is None):
             raise InvalidOption("give exactly one of cron= (an expression) or every= (seconds)")
         zone = check_zone(tz)
+        if every is not None and zone.key != "UTC":
+            raise InvalidOption(
+                f"tz applies to cron= only (every= counts real seconds); got tz={tz!r} with every="
+            )
         start_at = None if start is None else check_datetime(start, "start")
         end_at = None if end is None else check_datetime(end, "end")
         if start_at is not None and end_at is not None and end_at < start_at:
@@ -145,6 +126,14 @@ class RecurringSchedules:
         spread = check_duration(jitter, "jitter")
         if spread < 0:
             raise InvalidOption(f"jitter must be >= 0 seconds, got {jitter!r}")
+        most = _MAX_CRON_JITTER if interval is None else interval
+        if spread > most:
+            raise InvalidOption(
+                f"jitter must be at most {'every' if interval else 'a day'} ({most:g} s), "
+                f"got {jitter!r}"
+            )
+        if overlap not in OVERLAP:
+            raise InvalidOption(f"overlap must be one of {', '.join(OVERLAP)}; got {overlap!r}")
         # One checked spec gives the handler name, payload text and job options
         # with the app's defaults, exactly as schedule() would store them.
         spec = self._app.build(
@@ -155,6 +144,11 @@ class RecurringSchedules:
             backoff=backoff,
         )
         missed = MissedRuns.parse(misfire)
+        if overlap != "allow" and missed.count > 1:
+            raise InvalidOption(
+                f"overlap={overlap!r} runs one occurrence at a time; misfire={misfire!r} would "
+                f"start {missed.count} at once (use 'latest' or a grace in seconds)"
+            )
         # every=: from start, else one interval after the next whole second
         anchor = start_at if start_at is not None else float(math.ceil(now)) + (interval or 0)
         return Schedule(
@@ -170,23 +164,54 @@ class RecurringSchedules:
             max_attempts=spec.max_attempts,
             backoff=spec.backoff,
             misfire=missed.to_spec(),
+            overlap=str(overlap),
             not_before=now,
             anchor=anchor,
+            generation=secrets.token_hex(8),
         )
 
-    def add(self, name: object, **definition: Any) -> Schedule:
+    def add(self, name: object, *, conflict: object = "replace", **definition: Any) -> Schedule:
         """Store the schedule (create it, or change it to this definition); see
-        :meth:`DelayQ.recurring <delayq.app.DelayQ.recurring>`."""
+        :meth:`DelayQ.recurring <delayq.app.DelayQ.recurring>`. ``conflict="keep"``
+        leaves a stored schedule of that name as it is (create only)."""
+        if conflict not in ("replace", "keep"):
+            raise InvalidOption(f"conflict must be 'replace' or 'keep', got {conflict!r}")
         now = self._app.clock.time()
         wanted = self.define(name, now=now, **definition)
+        return self._write(wanted.name, lambda current: wanted, now, keep=conflict == "keep")
+
+    def _write(
+        self,
+        name: str,
+        build: Callable[[Schedule | None], Schedule],
+        now: float,
+        *,
+        keep: bool = False,
+    ) -> Schedule:
+        """The compare-and-set edit of one record: each try reads the record and
+        builds the wanted definition from what it read (so a concurrent edit is
+        merged, never overwritten), then writes it only if the record is still
+        that version."""
         store = self.store
         for _ in range(_CAS_TRIES):
-            record = store.get_schedule(wanted.name)
+            record = store.get_schedule(name)
             current = None if record is None else Schedule.from_record(record)
+            if current is not None and keep:
+                self._seed(current, now)
+                return current
+            wanted = build(current)
             if current is not None and current.same_definition(wanted):
+                # an earlier edit that failed half-way may have left a cancelled
+                # occurrence: settle again (it repairs that), and the chain
+                self._settle(current, current, now)
                 self._seed(current, now)  # repairs a chain that ended (a buried tick)
                 return current
             new = wanted if current is None else self._changed(current, wanted, now)
+            if new.next_after(max(now, new.not_before)) is None:
+                raise InvalidOption(
+                    f"schedule {name!r} would never run again (end={new.end!r} is past "
+                    f"or before its next occurrence)"
+                )
             version = store.put_schedule(
                 new.name, new.to_json(), version=current.version if current else 0
             )
@@ -197,46 +222,68 @@ class RecurringSchedules:
                 self._settle(new if current is None else current, new, now)
                 self._seed(new, now)
                 return new
-        raise BackendError(f"recurring schedule {wanted.name!r} kept changing under this edit")
+        raise BackendError(f"recurring schedule {name!r} kept changing under this edit")
 
     @staticmethod
     def _changed(current: Schedule, wanted: Schedule, now: float) -> Schedule:
-        """``wanted`` replacing ``current``: the pause state stays; a changed timing
-        starts from now (``not_before``), an unchanged one keeps its place."""
-        if wanted.same_timing(current):
-            wanted = replace(wanted, not_before=current.not_before, anchor=current.anchor)
-        return replace(wanted, paused=current.paused)
+        """``wanted`` replacing ``current``: the pause state and generation stay.
+
+        The timing keeps its place unless what places the occurrences changed:
+        an ``every=`` schedule keeps its anchor when only ``end`` changes, and a
+        new interval counts from the last occurrence (so two definitions that
+        alternate, e.g. old and new processes of a rolling deploy, keep it
+        running); a cron schedule starts from now (``not_before``) when its
+        expression, zone or ``start`` changes.
+        """
+        wanted = replace(wanted, paused=current.paused, generation=current.generation)
+        if wanted.every is not None and current.every is not None:
+            if wanted.start != current.start:
+                return wanted  # anchored at the new start (or from now)
+            if wanted.every == current.every:
+                return replace(wanted, not_before=current.not_before, anchor=current.anchor)
+            last = current.due_between(-math.inf, now, 1)
+            anchor = (
+                last[0] + wanted.every
+                if last
+                else min(current.anchor, wanted.anchor)  # before its first occurrence
+            )
+            return replace(wanted, not_before=max(now, current.not_before), anchor=anchor)
+        if wanted.cron is not None and (wanted.cron, wanted.tz, wanted.start) == (
+            current.cron,
+            current.tz,
+            current.start,
+        ):
+            return replace(wanted, not_before=current.not_before, anchor=current.anchor)
+        return wanted
 
     def update(self, name: object, **changes: Any) -> Schedule:
-        """Change some fields of a stored schedule (the others stay)."""
+        """Change some fields of a stored schedule (the others stay); the merge is
+        made from the record each compare-and-set try reads."""
         name = check_schedule_name(name)
-        current = self.get(name)
-        if current is None:
-            raise InvalidOption(f"no recurring schedule is named {name!r}")
         if "cron" in changes and changes["cron"] is not None:
             changes.setdefault("every", None)
         if "every" in changes and changes["every"] is not None:
             changes.setdefault("cron", None)
-        definition: dict[str, Any] = {
-            "cron": current.cron,
-            "every": current.every,
-            "tz": current.tz,
-            "payload": json.loads(current.payload),
-            "handler": current.handler,
-            "start": current.start,
-            "end": current.end,
-            "jitter": current.jitter,
-            "max_attempts": current.max_attempts,
-            "backoff": current.backoff,
-            "misfire": current.misfire,
-        }
-        unknown = set(changes) - set(definition)
+            changes.setdefault("tz", "UTC")
+        unknown = set(changes) - set(_EDITABLE)
         if unknown:
             raise InvalidOption(
-                f"unknown schedule field(s) {sorted(unknown)}; accepted: {sorted(definition)}"
+                f"unknown schedule field(s) {sorted(unknown)}; accepted: {sorted(_EDITABLE)}"
             )
-        definition.update(changes)
-        return self.add(name, **definition)
+        now = self._app.clock.time()
+
+        def merged(current: Schedule | None) -> Schedule:
+            if current is None:
+                raise InvalidOption(f"no recurring schedule is named {name!r}")
+            definition = {k: getattr(current, k) for k in _EDITABLE}
+            definition["payload"] = json.loads(current.payload)
+            definition.update(changes)
+            return self.define(name, now=now, **definition)
+
+        if not changes:  # nothing to change: say whether it exists
+            current = self.get(name)
+            return merged(current) if current is None else current
+        return self._write(name, merged, now)
 
     def get(self, name: object) -> Schedule | None:
         record = self.store.get_schedule(check_schedule_name(name))
@@ -288,130 +335,89 @@ class RecurringSchedules:
                 return True
         raise BackendError(f"recurring schedule {name!r} kept changing under this edit")
 
-    # -- the chain ------------------------------------------------------------------------
-    def _settle(
-        self,
-        old: Schedule,
-        new: Schedule | None,
-        now: float,
-        times: Sequence[float] | None = None,
-    ) -> None:
-        """After an edit from ``old`` to ``new`` (None: removed), make the occurrence
-        jobs already enqueued ahead (``times``, or those of either definition due
-        within the next ``_SETTLE_WINDOW`` seconds) follow ``new``: a waiting job
-        is cancelled, then enqueued again by ``new`` if it still runs then (also
-        one an earlier edit cancelled, e.g. a pause now resumed). Jobs that started
-        are left alone, and so are those already due unless ``new`` pauses or
-        removes the schedule.
-
-        Every edit settles after its write, and a tick settles what it enqueued
-        when the record changed under it, so an edit racing a tick never leaves
-        an occurrence of the old definition behind.
-        """
-        if times is None:
-            found: set[float] = set()
-            for schedule in (old, new):
-                if schedule is not None:
-                    found.update(
-                        schedule.due_between(
-                            now - schedule.jitter, now + _SETTLE_WINDOW, _SETTLE_MAX
-                        )
-                    )
-            times = sorted(found)
+    def status(self, name: object, *, runs: int = 5, history: int = 10) -> ScheduleStatus | None:
+        """The schedule, its next ``runs`` run times and its latest ``history``
+        occurrences with their jobs' states (newest first), or None."""
+        for value, field_name in ((runs, "runs"), (history, "history")):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1000:
+                raise InvalidOption(f"{field_name} must be an int from 0 to 1000, got {value!r}")
+        schedule = self.get(name)
+        if schedule is None:
+            return None
+        now = self._app.clock.time()
+        upcoming: list[float] = []
+        at = schedule.next_run(now)
+        while at is not None and len(upcoming) < runs:
+            upcoming.append(at)
+            at = schedule.next_after(at)
         backend = self._app.backend
-        running = new is not None and not new.paused
-        for at in times:
-            if running and at <= now:
-                continue  # due before this edit: it runs as it was enqueued
-            job_id = occurrence_id(old.name, at)
+        past: list[Occurrence] = []
+        times = schedule.due_between(-math.inf, now + _SETTLE_WINDOW, history) if history else []
+        for at in reversed(times):
+            job_id = occurrence_id(schedule.name, at)
             job = backend.get(job_id)
             if job is None:
-                continue  # its tick has not run: it will read the new record
-            if job.state is JobState.SCHEDULED:
-                if not backend.cancel(job_id).cancelled:
-                    continue  # claimed meanwhile: it runs as it was
-            elif job.state is not JobState.CANCELLED:
-                continue  # running or finished
-            if new is not None and new.runs_at(at):
-                with contextlib.suppress(JobConflict):  # claimed after a concurrent settle
-                    backend.enqueue([self._occurrence_spec(new, at, now)], on_conflict="replace")
-
-    def _seed(self, schedule: Schedule, now: float) -> None:
-        """Make sure the tick of the next occurrence is there.
-
-        When a tick with that id exists but no longer waits (it is running, or
-        ran, perhaps reading the record from before this edit and ending the
-        chain), do its work here: everything it enqueues is idempotent.
-        """
-        at = schedule.next_run(now)
-        if at is None:
-            return
-        backend = self._app.backend
-        spec = self._tick_spec(schedule.name, at, now)
-        [outcome] = backend.enqueue([spec], on_conflict="keep")
-        if outcome is EnqueueOutcome.KEPT:
-            existing = backend.get(spec.id)
-            if existing is None or existing.state is not JobState.SCHEDULED:
-                self._advance(schedule, at, now)
-
-    @staticmethod
-    def _tick_spec(name: str, at: float, now: float) -> JobSpec:
-        return JobSpec(
-            id=tick_id(name, at),
-            name=TICK_HANDLER,
-            payload=json.dumps({"schedule": name, "at": at}),
-            run_at=at - LEAD,
-            max_attempts=_TICK_MAX_ATTEMPTS,
-            backoff=_TICK_BACKOFF,
-            misfire="run",
-            created_at=now,
-        )
-
-    def _occurrence_spec(self, schedule: Schedule, at: float, now: float) -> JobSpec:
-        jitter = self._rng.uniform(0.0, schedule.jitter) if schedule.jitter else 0.0
-        return JobSpec(
-            id=occurrence_id(schedule.name, at),
-            name=schedule.handler,
-            payload=schedule.payload,
-            run_at=at + jitter,
-            max_attempts=schedule.max_attempts,
-            backoff=schedule.backoff,
-            misfire=schedule.misfire_of(at),
-            created_at=now,
-        )
-
-    def run_tick(self, payload: Any, ctx: JobContext) -> str:
-        """The built-in handler of tick jobs: enqueue the due occurrences and the next tick.
-
-        Returns a note of what it did (the worker records handler results only
-        as success). A store failure raises, so the tick is retried.
-        """
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("schedule"), str):
-            raise InvalidOption(
-                f"a recurring tick needs {{'schedule': name, 'at': time}}, got {payload!r}"
+                past.append(Occurrence(at, job_id))
+                continue
+            past.append(
+                Occurrence(
+                    at,
+                    job_id,
+                    job.state.value,
+                    job.attempts,
+                    job.updated_at,
+                    job.outcome or job.last_error,
+                )
             )
-        name = payload["schedule"]
-        tick_at = check_seconds(payload.get("at"), "at")
-        store = self.store
-        record = store.get_schedule(name)
-        if record is None:
-            return f"schedule {name!r} was removed: the chain ends"
-        decision = self._advance(Schedule.from_record(record), tick_at, ctx.claimed_at)
-        return f"enqueued {len(decision.runs)} occurrence(s); next occurrence {decision.next_tick}"
+        return ScheduleStatus(schedule, tuple(upcoming), tuple(past))
 
-    def _advance(self, schedule: Schedule, tick_at: float, now: float) -> Plan:
-        """What a tick does (``now`` on the store's clock when a worker runs it)."""
-        decision = plan(schedule, tick_at, now)
-        specs = [self._occurrence_spec(schedule, at, now) for at in decision.runs]
-        if decision.next_tick is not None:
-            specs.append(self._tick_spec(schedule.name, decision.next_tick, now))
-        if specs:
-            self._app.backend.enqueue(specs, on_conflict="keep")
-        if decision.runs:
-            # An edit that committed after the schedule was read may have settled
-            # before the enqueue: settle what was enqueued against the record now.
-            latest = self.store.get_schedule(schedule.name)
-            if latest is None or latest.version != schedule.version:
-                fresh = None if latest is None else Schedule.from_record(latest)
-                self._settle(schedule, fresh, now, decision.runs)
-        return decision
+    def sync(
+        self, definitions: Iterable[Mapping[str, Any]], *, dry_run: bool = False
+    ) -> dict[str, list[str]]:
+        """Make the stored schedules exactly ``definitions`` (each a mapping with
+        ``name`` and :meth:`add`'s keywords): create or change each, remove every
+        other stored schedule. All are checked before anything is written.
+        Returns the names ``created``, ``changed``, ``unchanged`` and ``removed``."""
+        now = self._app.clock.time()
+        wanted: dict[str, Schedule] = {}
+        for i, definition in enumerate(definitions):
+            if not isinstance(definition, Mapping) or "name" not in definition:
+                raise InvalidOption(
+                    f"schedule {i} must be a mapping with a 'name', got {definition!r}"
+                )
+            fields = dict(definition)
+            name = fields.pop("name")
+            unknown = set(fields) - set(_EDITABLE)
+            if unknown:
+                raise InvalidOption(
+                    f"schedule {name!r}: unknown field(s) {sorted(unknown)}; "
+                    f"accepted: {sorted(_EDITABLE)}"
+                )
+            schedule = self.define(name, now=now, **fields)
+            if schedule.name in wanted:
+                raise InvalidOption(f"schedule {schedule.name!r} is defined twice")
+            wanted[schedule.name] = schedule
+        stored = {s.name: s for s in self.list_schedules()}
+        result: dict[str, list[str]] = {
+            "created": [],
+            "changed": [],
+            "unchanged": [],
+            "removed": [],
+        }
+        for name, schedule in wanted.items():
+            current = stored.get(name)
+            kind = (
+                "created"
+                if current is None
+                else "unchanged"
+                if current.same_definition(schedule)
+                else "changed"
+            )
+            result[kind].append(name)
+            if not dry_run:
+                self._write(name, lambda _current, s=schedule: s, now)  # type: ignore[misc]
+        for name in sorted(set(stored) - set(wanted)):
+            result["removed"].append(name)
+            if not dry_run:
+                self.remove(name)
+        return result

@@ -22,6 +22,7 @@ from delayq.errors import InvalidOption
 from delayq.job import Job, JobState
 from delayq.observe.logs import JOB_FIELD
 from delayq.observe.metrics import SeriesPoint
+from delayq.recurring import TICK_HANDLER
 
 __all__ = [
     "PAGE_SIZE",
@@ -88,6 +89,11 @@ class JobFilters:
     due_before: float | None = None
     after: tuple[float, str] | None = None
     limit: int = PAGE_SIZE
+    ticks: bool = False  # show recurring schedules' tick jobs (hidden unless named)
+
+    def shows(self, job: Job) -> bool:
+        """False for a tick job the filters hide (one per occurrence: noise)."""
+        return self.ticks or self.name is not None or job.name != TICK_HANDLER
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> JobFilters:
@@ -119,6 +125,7 @@ class JobFilters:
             due_before=_bound(query.get("due_before"), "due_before"),
             after=after,
             limit=limit,
+            ticks=query.get("ticks", "") in ("1", "true", "yes"),
         )
 
     def query(self, *, after: tuple[float, str] | None = None) -> dict[str, str]:
@@ -134,11 +141,15 @@ class JobFilters:
             out["due_before"] = repr(self.due_before)
         if self.limit != PAGE_SIZE:
             out["limit"] = str(self.limit)
+        if self.ticks:
+            out["ticks"] = "1"
         if after is not None:
             out["after_run_at"] = repr(after[0])
             out["after_id"] = after[1]
         return out
 
+
+_HIDDEN_READS = 10
 
 SCAN_LIMIT = 2000
 """For a store whose ``list_jobs`` has no ``name`` / ``after``: the most jobs one
@@ -160,18 +171,26 @@ def list_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float,
     """
     if not _store_pages(app):
         return _filtered_page(app, filters)
-    jobs = app.list_jobs(
-        state=filters.state,
-        name=filters.name,
-        due_after=filters.due_after,
-        due_before=filters.due_before,
-        after=filters.after,
-        limit=filters.limit + 1,
-    )
-    if len(jobs) <= filters.limit:
-        return jobs, None
-    page = jobs[: filters.limit]
-    return page, (page[-1].run_at, page[-1].id)
+    page: list[Job] = []
+    after = filters.after
+    for _ in range(_HIDDEN_READS):  # hidden tick jobs are skipped: a few reads at most
+        jobs = app.list_jobs(
+            state=filters.state,
+            name=filters.name,
+            due_after=filters.due_after,
+            due_before=filters.due_before,
+            after=after,
+            limit=filters.limit + 1,
+        )
+        for job in jobs:
+            if filters.shows(job):
+                if len(page) == filters.limit:  # one more to show: there is a next page
+                    return page, (page[-1].run_at, page[-1].id)
+                page.append(job)
+            after = (job.run_at, job.id)
+        if len(jobs) <= filters.limit:
+            return page, None
+    return page, after  # read enough: the next page continues after what was read
 
 
 def _filtered_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float, str] | None]:
@@ -194,7 +213,7 @@ def _filtered_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[f
         want *= 2  # every row read was a tie before the cursor: read further
     page: list[Job] = []
     for job in unread:
-        if filters.name is not None and job.name != filters.name:
+        if (filters.name is not None and job.name != filters.name) or not filters.shows(job):
             continue
         if len(page) == filters.limit:
             return page, (page[-1].run_at, page[-1].id)

@@ -25,15 +25,20 @@ Design
   connection, under a savepoint of its transaction: the job exists if and only
   if that transaction commits. SQLAlchemy ``Connection`` / ``Session`` objects on
   the psycopg driver are accepted too.
-* **Churn.** Finished records are deleted ``result_ttl`` after they finish and,
-  when ``dead_ttl`` is set, dead letters that long after burial, in bounded
-  batches from the claim path; reads already treat expired records as gone.
+* **Churn.** Finished records are deleted ``result_ttl`` after they finish
+  (``result_ttl=0``: in the statement that finishes them) and, when
+  ``dead_ttl`` is set, dead letters that long after burial, in batches from
+  the claim path that double while they find a backlog; reads already treat
+  expired records as gone. ``stats()`` reads counts kept by triggers, never
+  the finished rows.
 * **Connections.** A pool (``pool_size``) for calls, one more connection for
-  LISTEN. A failed connection (server restart, ``pg_terminate_backend``) raises
-  :class:`~delayq.errors.BackendUnavailable` for that call; the pool drops
-  broken connections and the next call reconnects. Reads are retried once.
+  LISTEN (``pgbouncer=true`` / ``listen=false``: none, waits poll). A failed
+  connection (server restart, ``pg_terminate_backend``) raises
+  :class:`~delayq.errors.BackendUnavailable` for that call; a pooled
+  connection the server closed is replaced before use. Reads are retried once.
   Completions are fenced by token, so an ack lost with its connection never
-  finishes a job that was handed to someone else.
+  finishes a job that was handed to someone else; tokens stay unique across a
+  server crash. Nothing raises after a commit.
 """
 
 from __future__ import annotations

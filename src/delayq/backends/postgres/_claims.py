@@ -23,7 +23,6 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from delayq.backends._common import (
-    PURGE_BATCH,
     RELEASED_NOTE,
     check_claim_now,
     check_lease,
@@ -63,7 +62,9 @@ class _Store(Protocol):
 
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
 
-    def _purge_due(self) -> bool: ...
+    def _purge_batch(self) -> int | None: ...
+
+    def _purged(self, batch: int, deleted: int) -> None: ...
 
     def _mark(self) -> tuple[int, int] | None: ...
 
@@ -71,11 +72,11 @@ class _Store(Protocol):
 
 
 @contextmanager
-def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[None]:
+def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
     """One implicit transaction, one round trip, committed without waiting for the disk."""
-    with conn.pipeline():
+    with conn.pipeline() as pipe:
         conn.execute(_NO_DISK_WAIT)
-        yield
+        yield pipe
 
 
 class _Batch:
@@ -114,30 +115,22 @@ class _Batch:
             "texts": texts,
         }
 
-    def results(
-        self, store: _Store, conn: psycopg.Connection[Any], done: list[Row]
-    ) -> tuple[list[StaleClaim | None], float | None]:
-        """Each entry's answer, and the earliest due time the batch scheduled."""
-        applied = {(r[0], r[1]) for r in done}
-        earliest = min((r[2] for r in done if r[3] in ("retry", "release")), default=None)
-        stale = [
-            i
-            for i, item in enumerate(self.items)
-            if self.first[(item.claim.job.id, item.claim.token)] != i
-            or (item.claim.job.id, item.claim.token) not in applied
-        ]
-        now_state: dict[str, tuple[JobState, int]] = {}
-        if stale:
-            ids = [self.items[i].claim.job.id for i in stale]
-            rows = conn.cursor(row_factory=tuple_row).execute(
-                store._sql.stale, {"q": store.queue, "ids": ids}
-            )
-            now_state = {r[0]: (JobState(r[1]), r[2]) for r in rows.fetchall()}
+    def results(self, done: list[Row]) -> tuple[list[StaleClaim | None], float | None]:
+        """Each entry's answer, and the earliest due time the batch scheduled.
+
+        ``done`` has one row per entry sent (see ``Statements.complete``): nothing
+        is read after the commit, so an answer never fails once it is applied.
+        """
+        sent = {(r[0], r[1]): r for r in done}
+        earliest = min((r[2] for r in done if r[4] and r[3] in ("retry", "release")), default=None)
         results: list[StaleClaim | None] = [None] * len(self.items)
-        for i in stale:
-            claim = self.items[i].claim
-            state, token = now_state.get(claim.job.id, (None, None))
-            results[i] = stale_claim(claim, state, token)
+        for i, item in enumerate(self.items):
+            key = (item.claim.job.id, item.claim.token)
+            row = sent.get(key)
+            if self.first[key] == i and row is not None and row[4]:
+                continue
+            state = None if row is None or row[5] is None else JobState(row[5])
+            results[i] = stale_claim(item.claim, state, None if row is None else row[6])
         return results, earliest
 
 
@@ -152,10 +145,21 @@ class PostgresClaims:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             mark = self._mark()
-            with _pipeline(conn):
-                cur = PostgresClaims._send_claim(self, conn, params)
-                times = PostgresClaims._send_times(self, conn, params, mark)
-            self._set_hint(mark, times)
+            committed = False
+            times: Cursor | None = None
+            try:
+                with _pipeline(conn) as pipe:
+                    cur = PostgresClaims._send_claim(self, conn, params)
+                    if mark is not None:
+                        pipe.sync()  # the claim commits: the read below sees its effect
+                        committed = True
+                        times = PostgresClaims._send_times(self, conn, params, mark)
+            except psycopg.Error as exc:
+                if not committed:
+                    raise
+                PostgresClaims._lost_hint(self, exc)  # the claims stand: never raise after a commit
+            else:
+                self._set_hint(mark, times)
             return PostgresClaims._claims(self, conn, cur.fetchall())
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -168,7 +172,7 @@ class PostgresClaims:
             with _pipeline(conn):
                 cur = conn.cursor(row_factory=tuple_row)
                 cur.execute(self._sql.complete, self._params(**sent.params()))
-            results, at = sent.results(self, conn, cur.fetchall())
+            results, at = sent.results(cur.fetchall())
             self._told(conn, at)
         return results
 
@@ -186,22 +190,33 @@ class PostgresClaims:
         with self._conn("completing and claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             mark = self._mark() if limit else None
+            committed = False
+            times: Cursor | None = None
             try:
-                with _pipeline(conn):
+                with _pipeline(conn) as pipe:
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
                         done.execute(self._sql.complete, self._params(**sent.params()))
                     claimed = PostgresClaims._send_claim(self, conn, params) if limit else None
-                    times = PostgresClaims._send_times(self, conn, params, mark)
-            except psycopg.OperationalError:
-                raise  # nothing was applied: the caller's error handling decides
+                    if mark is not None:
+                        pipe.sync()  # commit first: the read below sees its effect
+                        committed = True
+                        times = PostgresClaims._send_times(self, conn, params, mark)
+            except psycopg.OperationalError as exc:
+                if not committed:
+                    raise  # nothing was applied: the caller's error handling decides
+                PostgresClaims._lost_hint(self, exc)
             except psycopg.Error as exc:
-                if not limit:
+                if committed:
+                    PostgresClaims._lost_hint(self, exc)
+                elif not limit:
                     raise
-                log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-                return PostgresClaims.complete(self, items), []
-            self._set_hint(mark, times)
-            results, at = sent.results(self, conn, done.fetchall()) if items else ([], None)
+                else:
+                    log.warning("delayq: claim after complete failed (%s); completing alone", exc)
+                    return PostgresClaims.complete(self, items), []
+            else:
+                self._set_hint(mark, times)
+            results, at = sent.results(done.fetchall()) if items else ([], None)
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
             self._told(conn, at)
         return results, claims
@@ -240,6 +255,11 @@ class PostgresClaims:
         cur.execute(self._sql.claim, params)
         return cur
 
+    def _lost_hint(self: _Store, exc: BaseException) -> None:
+        """The read after a committed claim failed: the next wait reads the schedule itself."""
+        log.debug("delayq: reading the schedule after a claim failed: %s", exc)
+        self._set_hint(None, None)
+
     def _send_times(
         self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any], mark: object
     ) -> Cursor | None:
@@ -260,29 +280,40 @@ class PostgresClaims:
             except (ValueError, TypeError) as exc:
                 # Buried with the reason instead of breaking every later claim.
                 log.error("delayq: burying job %r: %s", row[0], exc)
-                conn.execute(
-                    self._sql.complete,
-                    self._params(
-                        ids=[row[0]],
-                        tokens=[row[14]],
-                        kinds=["dead"],
-                        run_ats=[None],
-                        texts=[undecodable_error(exc)],
-                    ),
-                )
+                try:
+                    conn.execute(
+                        self._sql.complete,
+                        self._params(
+                            ids=[row[0]],
+                            tokens=[row[14]],
+                            kinds=["dead"],
+                            run_ats=[None],
+                            texts=[undecodable_error(exc)],
+                        ),
+                    )
+                except psycopg.Error as bury_exc:  # the claim committed: never raise now
+                    log.error("delayq: burying job %r failed: %s", row[0], bury_exc)
                 continue
             assert job.lease_until is not None
             claims.append(Claim(job, row[14], job.lease_until, job.updated_at))
         return claims
 
     def _purge(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> None:
-        """Delete a bounded batch of expired finished records, at most once a second."""
-        if not self._purge_due():
+        """Delete a batch of expired finished records (and dead letters past ``dead_ttl``)
+        and fold the count deltas, at most once a second; a full batch makes the next
+        one twice as large and due at once, so the purge keeps up with any rate."""
+        batch = self._purge_batch()
+        if batch is None:
             return
         with _pipeline(conn):
-            conn.execute(self._sql.purge, {**params, "batch": PURGE_BATCH})
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(self._sql.purge, {**params, "batch": batch})
+            dead = None
             if self._dead_ttl is not None:
-                conn.execute(
+                dead = conn.cursor(row_factory=tuple_row)
+                dead.execute(
                     self._sql.purge_dead_letters,
-                    {**params, "batch": PURGE_BATCH, "dead_ttl": self._dead_ttl},
+                    {**params, "batch": batch, "dead_ttl": self._dead_ttl},
                 )
+            conn.execute(self._sql.fold_counts, params)
+        self._purged(batch, max(cur.rowcount, 0 if dead is None else dead.rowcount))

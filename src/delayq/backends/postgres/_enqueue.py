@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
-from delayq.backends._common import TTL_STATES, check_spec, resolve_conflicts
+from delayq.backends._common import TTL_STATES, check_spec, conflict_error, resolve_conflicts
 from delayq.backends.postgres._connection import caller_connection, mapped
-from delayq.backends.postgres._sql import CUTOFF, Statements
+from delayq.backends.postgres._sql import Statements
 from delayq.errors import InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState, OnConflict, check_on_conflict
 
@@ -39,6 +39,8 @@ class _Store(Protocol):
     def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
 
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
+
+    def _same_database(self, conn: psycopg.Connection[Any]) -> None: ...
 
 
 class PostgresEnqueue:
@@ -60,9 +62,10 @@ class PostgresEnqueue:
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if connection is not None:
-            return PostgresEnqueue._enqueue_in(
-                self, caller_connection(connection), specs, on_conflict
-            )
+            conn = caller_connection(connection)
+            if specs:
+                self._same_database(conn)
+            return PostgresEnqueue._enqueue_in(self, conn, specs, on_conflict)
         if not specs:
             return []
         with self._conn("enqueueing") as conn:
@@ -112,9 +115,13 @@ class PostgresEnqueue:
         outcomes, created = PostgresEnqueue._enqueue_slow(self, conn, specs, on_conflict)
         at = min((r[1] for r in created), default=None)
         if at is not None:
-            # Delivered when the caller commits, never on rollback. Unconditional:
-            # the head may change before that commit; listeners filter by time.
-            conn.execute(self._sql.notify, {"channel": self._channel, "at": at})
+            # Delivered when the caller commits, never on rollback. Not checked against
+            # the head (it may change before that commit; listeners filter by time),
+            # but sent once per transaction unless a later call schedules earlier.
+            conn.execute(
+                self._sql.notify,
+                {"channel": self._channel, "at": at, "guc": f"delayq.{self._channel}"},
+            )
         return outcomes
 
     def _insert_params(self: _Store, specs: Sequence[JobSpec]) -> dict[str, Any]:
@@ -133,18 +140,34 @@ class PostgresEnqueue:
     def _enqueue_slow(
         self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
     ) -> tuple[list[EnqueueOutcome], list[tuple[Any, ...]]]:
-        """Enqueue deciding conflicts row by row (inside a transaction: all or none)."""
+        """Enqueue deciding conflicts row by row (inside a transaction: all or none).
+
+        Only ``replace`` locks existing rows, and never a running one (it is refused
+        before any lock): a caller's open transaction must not hold rows that
+        workers extend, complete or claim. ``keep`` inserts with ``ON CONFLICT DO
+        NOTHING``, so an id another producer creates meanwhile is kept, not an error.
+        """
         cur = conn.cursor(row_factory=tuple_row)
-        q = self._sql.schema
         ids = list(dict.fromkeys(s.id for s in specs))
         existing = {
             row[0]: (JobState(row[1]), row[2])
-            for row in cur.execute(
-                f'SELECT id, state, updated_at <= {CUTOFF} FROM "{q}".jobs '
-                f"WHERE queue = %(q)s AND id = ANY(%(ids)s) FOR UPDATE",
-                self._params(ids=ids),
-            ).fetchall()
+            for row in cur.execute(self._sql.existing, self._params(ids=ids)).fetchall()
         }
+        if on_conflict == "replace":
+            for job_id, (now_state, _) in existing.items():
+                if now_state is JobState.RUNNING:
+                    raise conflict_error(job_id, now_state.value, on_conflict)
+            # Locked, then read again: a row claimed while this waited is running now.
+            locked = {
+                row[0]: (JobState(row[1]), row[2])
+                for row in cur.execute(
+                    self._sql.existing_locked, self._params(ids=list(existing))
+                ).fetchall()
+            }
+            for job_id in existing:
+                if job_id not in locked:
+                    raise conflict_error(job_id, JobState.RUNNING.value, on_conflict)
+            existing = locked
         stored = {
             job_id: state
             for job_id, (state, old) in existing.items()
@@ -155,14 +178,22 @@ class PostgresEnqueue:
             return outcomes, []
         doomed = [i for i in final if i in existing]
         if doomed:
+            # replace: the locked rows; otherwise only expired finished records.
             cur.execute(
-                f'DELETE FROM "{q}".jobs WHERE queue = %(q)s AND id = ANY(%(ids)s)',
-                {"q": self.queue, "ids": doomed},
+                self._sql.delete_replaced if on_conflict == "replace" else self._sql.delete_expired,
+                self._params(ids=doomed),
             )
+        params = PostgresEnqueue._insert_params(self, list(final.values()))
+        if on_conflict == "keep":
+            created = cur.execute(self._sql.insert_keep, params).fetchall()
+            made = {r[0] for r in created}
+            outcomes = [
+                EnqueueOutcome.KEPT if o is EnqueueOutcome.CREATED and spec.id not in made else o
+                for o, spec in zip(outcomes, specs, strict=True)
+            ]
+            return outcomes, created
         try:
-            created = cur.execute(
-                self._sql.insert, PostgresEnqueue._insert_params(self, list(final.values()))
-            ).fetchall()
+            created = cur.execute(self._sql.insert, params).fetchall()
         except psycopg.errors.UniqueViolation as exc:
             raise JobConflict(
                 f"a job of {sorted(final)[:5]} was created by another producer meanwhile: {exc}"

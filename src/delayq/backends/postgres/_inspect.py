@@ -22,6 +22,8 @@ __all__ = ["PostgresInspection", "to_job"]
 
 Row = tuple[Any, ...]
 
+_PURGE_DEAD_BATCH = 10_000  # dead letters one statement of purge_dead deletes at most
+
 
 def to_job(row: Row, *, strict: bool = False) -> Job:
     """The job of a row (``sql.COLUMNS`` order). ``strict`` (claim) raises on a
@@ -110,10 +112,13 @@ class PostgresInspection:
         return rows[0][0] if rows else None
 
     def stats(self: _Store) -> Stats:
-        counts: dict[str, int] = dict(self._read("counting jobs", self._sql.stats, self._params()))
-        due = self._read("counting due jobs", self._sql.due_count, self._params())[0][0]
-        head = self._read("reading the next due time", self._sql.head, self._params())
-        return Stats.from_counts(counts, due=due, next_due=head[0][0] if head else None)
+        rows: dict[str, float | None] = dict(
+            self._read("counting jobs", self._sql.stats, self._params())
+        )
+        head = rows.pop("next_due")
+        due = int(rows.pop("due") or 0)
+        counts = {state: int(n or 0) for state, n in rows.items()}
+        return Stats.from_counts(counts, due=due, next_due=head)
 
     def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)
@@ -126,9 +131,12 @@ class PostgresInspection:
         """Delete dead jobs: all, those in ``job_ids``, and/or buried before ``older_than``."""
         ids = None if job_ids is None else [str(i) for i in job_ids]
         bound = math.inf if older_than is None else check_run_at(older_than, "older_than")
-        rows = self._write(
-            "purging dead letters",
-            self._sql.purge_dead + " RETURNING 1",
-            self._params(older_than=bound, all=ids is None, ids=ids or []),
+        params = self._params(
+            older_than=bound, all=ids is None, ids=ids or [], batch=_PURGE_DEAD_BATCH
         )
-        return len(rows)
+        total = 0
+        while True:  # batches of their own transactions: no lock held for long
+            rows = self._write("purging dead letters", self._sql.purge_dead, params)
+            total += int(rows[0][0])
+            if int(rows[0][0]) < _PURGE_DEAD_BATCH:
+                return total

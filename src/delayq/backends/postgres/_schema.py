@@ -6,35 +6,98 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   ``queue`` column), primary key ``(queue, id)``.
 * ``tokens``: the sequence fencing tokens come from.
 * ``schedules``: recurring schedules by ``(queue, name)`` (migration 2).
-* ``versions``: one row per applied migration (the recorded schema version).
+* ``counts``: job counts by queue and state as appended deltas, kept by
+  statement triggers on ``jobs`` and summed up now and then (migration 3).
+* ``meta``: the server start the token sequence was last moved past (migration 3).
+* ``versions``: one row per applied migration (the recorded schema version) and
+  the oldest version whose delayq still runs on the schema.
 
-:func:`migrate` applies the missing migrations in one transaction under a
-transaction-level advisory lock keyed on the schema name, so any number of
-processes may run it at once (``delayq migrate``, or every store opening with
-``migrate=True``): they take turns, the first applies, the others find the
-work done. A database already at a newer version than this delayq knows is
-refused instead of being used with the wrong SQL.
+:func:`migrate` applies the missing migrations in order, each in one
+transaction under a transaction-level advisory lock keyed on the schema name,
+with ``lock_timeout`` set (a lock that is not granted in time is given up and
+retried, instead of queueing every claim behind the migration); steps that
+cannot run in a transaction (``CREATE INDEX CONCURRENTLY``) run after it, one
+by one. Any number of processes may run it at once (``delayq migrate``, or
+every store opening with ``migrate=True``): they take turns, the first applies,
+the others find the work done. Migrations are additive and keep the previous
+version's delayq working (rolling deploys); a schema newer than this delayq is
+used only when its recorded ``oldest_reader`` allows it, and refused otherwise.
+``delayq migrate --sql`` prints what would run, for a review or a DBA.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from dataclasses import dataclass
 from typing import Any
+
+import psycopg
 
 from delayq.errors import ConfigurationError, InvalidOption
 
-__all__ = ["DEFAULT_SCHEMA", "MIGRATIONS", "SCHEMA_VERSION", "check_schema_name", "migrate"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "check_schema_name",
+    "migrate",
+    "pending_sql",
+]
 
 DEFAULT_SCHEMA = "delayq"
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+_NOT_OURS = frozenset({"public", "information_schema"})
 
-# Each migration is a list of statements; ``{s}`` is the quoted schema name.
-# Applied in order, never edited once released: a change is a new migration.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        "CREATE SEQUENCE IF NOT EXISTS {s}.tokens",
-        """CREATE TABLE IF NOT EXISTS {s}.jobs (
+_LOCK_TIMEOUT = "5s"  # a migration's wait for a table lock, then retried
+_ATTEMPTS = 20  # tries of one migration whose locks were not granted in time
+_PAUSE = 1.0  # seconds between them
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema version: ``steps`` run in one transaction (``{s}`` is the quoted
+    schema), then each of ``concurrent`` outside any transaction (idempotent:
+    ``... IF NOT EXISTS``). ``oldest_reader``: the oldest schema version whose
+    delayq still works on the schema once this is applied (additive changes keep
+    the previous one working)."""
+
+    steps: tuple[str, ...]
+    concurrent: tuple[str, ...] = ()
+    oldest_reader: int = 1
+
+
+# The job counts by state: each statement on ``jobs`` appends its deltas (no row
+# is updated, so no transaction waits on another's counter row, and a caller's
+# uncommitted enqueue is not counted); ``Statements.fold_counts`` sums them up.
+_COUNT_FUNCTION = """CREATE OR REPLACE FUNCTION {s}.count_jobs() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO {s}.counts (queue, state, n)
+            SELECT queue, state, count(*) FROM new_rows GROUP BY 1, 2;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO {s}.counts (queue, state, n)
+            SELECT queue, state, -count(*) FROM old_rows GROUP BY 1, 2;
+        ELSE
+            INSERT INTO {s}.counts (queue, state, n)
+            SELECT queue, state, sum(d) FROM (
+                SELECT queue, state, 1 AS d FROM new_rows
+                UNION ALL SELECT queue, state, -1 FROM old_rows) AS x
+            GROUP BY 1, 2 HAVING sum(d) <> 0;
+        END IF;
+        RETURN NULL;
+    END $$"""
+
+# Each migration is applied in order and never edited once released: a change is
+# a new migration.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        (
+            "CREATE SEQUENCE IF NOT EXISTS {s}.tokens",
+            """CREATE TABLE IF NOT EXISTS {s}.jobs (
             queue        text NOT NULL,
             id           text NOT NULL,
             seq          bigint GENERATED ALWAYS AS IDENTITY,  -- enqueue order: FIFO ties
@@ -54,24 +117,61 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             token        bigint NOT NULL DEFAULT 0,
             PRIMARY KEY (queue, id)
         )""",
-        # claim, next_due, stats, list_jobs by state and due window
-        "CREATE INDEX IF NOT EXISTS jobs_due ON {s}.jobs (queue, state, run_at, seq)",
-        # expired leases, on every claim (only running rows are in it)
-        "CREATE INDEX IF NOT EXISTS jobs_lease ON {s}.jobs (queue, lease_until) "
-        "WHERE state = 'running'",
-        # result_ttl purge, dead letters newest first, purge_dead(older_than=)
-        "CREATE INDEX IF NOT EXISTS jobs_finished ON {s}.jobs (queue, state, updated_at, seq) "
-        "WHERE state IN ('succeeded', 'cancelled', 'skipped', 'dead')",
+            # claim, next_due, stats, list_jobs by state and due window
+            "CREATE INDEX IF NOT EXISTS jobs_due ON {s}.jobs (queue, state, run_at, seq)",
+            # expired leases, on every claim (only running rows are in it)
+            "CREATE INDEX IF NOT EXISTS jobs_lease ON {s}.jobs (queue, lease_until) "
+            "WHERE state = 'running'",
+            # result_ttl purge, dead letters newest first, purge_dead(older_than=)
+            "CREATE INDEX IF NOT EXISTS jobs_finished ON {s}.jobs (queue, state, updated_at, seq) "
+            "WHERE state IN ('succeeded', 'cancelled', 'skipped', 'dead')",
+        )
     ),
-    (
-        # recurring schedules (ScheduleStore): definitions with a compare-and-set version
-        """CREATE TABLE IF NOT EXISTS {s}.schedules (
+    Migration(
+        (
+            # recurring schedules (ScheduleStore): definitions with a compare-and-set version
+            """CREATE TABLE IF NOT EXISTS {s}.schedules (
             queue   text NOT NULL,
             name    text NOT NULL,
             data    text NOT NULL,     -- the definition, JSON text
             version integer NOT NULL,  -- 1 when created, +1 per write
             PRIMARY KEY (queue, name)
         )""",
+        ),
+        oldest_reader=1,
+    ),
+    Migration(
+        (
+            "ALTER TABLE {s}.versions ADD COLUMN IF NOT EXISTS oldest_reader integer",
+            "CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL)",
+            # Room on each page for the new version of a row (the same page keeps
+            # the heap compact between vacuums), and vacuum after a small share of
+            # the table changed rather than a fifth of it.
+            "ALTER TABLE {s}.jobs SET (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02, "
+            "autovacuum_vacuum_cost_delay = 0)",
+            "CREATE TABLE IF NOT EXISTS {s}.counts (queue text NOT NULL, state text NOT NULL, "
+            "n bigint NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS counts_queue ON {s}.counts (queue, state)",
+            _COUNT_FUNCTION,
+            "DROP TRIGGER IF EXISTS count_inserts ON {s}.jobs",
+            "CREATE TRIGGER count_inserts AFTER INSERT ON {s}.jobs "
+            "REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT "
+            "EXECUTE FUNCTION {s}.count_jobs()",
+            "DROP TRIGGER IF EXISTS count_updates ON {s}.jobs",
+            "CREATE TRIGGER count_updates AFTER UPDATE ON {s}.jobs "
+            "REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT "
+            "EXECUTE FUNCTION {s}.count_jobs()",
+            "DROP TRIGGER IF EXISTS count_deletes ON {s}.jobs",
+            "CREATE TRIGGER count_deletes AFTER DELETE ON {s}.jobs "
+            "REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT "
+            "EXECUTE FUNCTION {s}.count_jobs()",
+            # The triggers hold off writers until this commits: the counts start exact.
+            "DELETE FROM {s}.counts",
+            "INSERT INTO {s}.counts (queue, state, n) "
+            "SELECT queue, state, count(*) FROM {s}.jobs GROUP BY 1, 2",
+        ),
+        oldest_reader=2,
     ),
 )
 
@@ -85,6 +185,11 @@ def check_schema_name(name: object) -> str:
         raise InvalidOption(
             f"schema must be a lower-case SQL name ([a-z_][a-z0-9_]*, at most 48 "
             f"characters), got {name!r}"
+        )
+    if name in _NOT_OURS or name.startswith("pg_"):
+        raise InvalidOption(
+            f"schema must be one delayq owns, not {name!r} (the database's own or the "
+            f"application's): leave the default 'delayq' or name a new one"
         )
     return name
 
@@ -114,37 +219,110 @@ def migrate(conn: Any, schema: str) -> tuple[int, int]:
     """Bring ``schema`` up to :data:`SCHEMA_VERSION` on ``conn`` (a psycopg
     connection in autocommit mode); returns ``(version before, version after)``.
 
-    Runs in one transaction holding ``pg_advisory_xact_lock`` on the schema's
-    key: concurrent callers serialize, and a failure leaves nothing half-done.
+    Each migration runs in one transaction holding ``pg_advisory_xact_lock`` on
+    the schema's key (concurrent callers serialize; a failure leaves that
+    migration undone), with ``lock_timeout`` set: a lock not granted in time
+    rolls it back and it is tried again (:data:`_ATTEMPTS` times).
     """
-    s = quoted(schema)
     before = current_version(conn, schema)
-    if before == SCHEMA_VERSION:
+    if before is not None and before >= SCHEMA_VERSION:
+        _check_readable(conn, schema, before)
         return before, before  # the common case: no lock, two index reads
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key(schema),))
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {s}.versions ("
-            f"version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        row = conn.execute(f"SELECT max(version) FROM {s}.versions").fetchone()
-        found = 0 if row[0] is None else int(row[0])
-        if found > SCHEMA_VERSION:
-            raise ConfigurationError(
-                f"PostgreSQL schema {schema!r} is at delayq schema version {found}; this "
-                f"delayq knows versions up to {SCHEMA_VERSION}: upgrade delayq"
-            )
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            for statement in MIGRATIONS[version - 1]:
+    found: int | None = None
+    while True:
+        done = _migrate_one(conn, schema)
+        found = done if found is None else found
+        if done >= SCHEMA_VERSION:
+            return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
+
+
+def _migrate_one(conn: Any, schema: str) -> int:
+    """Apply the next missing migration (if any); the version found before it."""
+    s = quoted(schema)
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            with conn.transaction():
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (_LOCK_TIMEOUT,))
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key(schema),))
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {s}.versions (version integer PRIMARY KEY, "
+                    f"applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                row = conn.execute(f"SELECT max(version) FROM {s}.versions").fetchone()
+                found = 0 if row[0] is None else int(row[0])
+                if found >= SCHEMA_VERSION:
+                    _check_readable(conn, schema, found)
+                    return found
+                step = MIGRATIONS[found]
+                for statement in step.steps:
+                    conn.execute(statement.format(s=s))
+                conn.execute(f"INSERT INTO {s}.versions (version) VALUES (%s)", (found + 1,))
+                if found + 1 >= 3:  # the column exists from version 3 on
+                    conn.execute(
+                        f"UPDATE {s}.versions SET oldest_reader = %s WHERE version = %s",
+                        (step.oldest_reader, found + 1),
+                    )
+            for statement in step.concurrent:
                 conn.execute(statement.format(s=s))
-            conn.execute(f"INSERT INTO {s}.versions (version) VALUES (%s)", (version,))
-    return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
+            return found
+        except psycopg.errors.LockNotAvailable:
+            if attempt == _ATTEMPTS:
+                raise
+            threading.Event().wait(_PAUSE)  # (no clock here: a real pause between tries)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_readable(conn: Any, schema: str, found: int) -> None:
+    """Refuse a schema newer than this delayq unless it says this version still works."""
+    if found <= SCHEMA_VERSION:
+        return
+    row = conn.execute(
+        f"SELECT oldest_reader FROM {quoted(schema)}.versions WHERE version = %s", (found,)
+    ).fetchone()
+    if row is None or row[0] is None or int(row[0]) > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"PostgreSQL schema {schema!r} is at delayq schema version {found}; this "
+            f"delayq knows versions up to {SCHEMA_VERSION}: upgrade delayq"
+        )
+
+
+def pending_sql(conn: Any, schema: str) -> list[str]:
+    """The statements :func:`migrate` would run on ``schema`` now, in order (each a
+    complete SQL statement; the transactional ones of one migration between
+    ``BEGIN`` and ``COMMIT``)."""
+    s = quoted(schema)
+    found = current_version(conn, schema) or 0
+    out: list[str] = []
+    if found == 0:
+        out += [
+            "BEGIN",
+            f"CREATE SCHEMA IF NOT EXISTS {s}",
+            f"CREATE TABLE IF NOT EXISTS {s}.versions (version integer PRIMARY KEY, "
+            f"applied_at timestamptz NOT NULL DEFAULT now())",
+            "COMMIT",
+        ]
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        step = MIGRATIONS[version - 1]
+        out += ["BEGIN", f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"]
+        out += [statement.format(s=s) for statement in step.steps]
+        out.append(f"INSERT INTO {s}.versions (version) VALUES ({version})")
+        if version >= 3:
+            out.append(
+                f"UPDATE {s}.versions SET oldest_reader = {step.oldest_reader} "
+                f"WHERE version = {version}"
+            )
+        out.append("COMMIT")
+        out += [statement.format(s=s) for statement in step.concurrent]
+    return out
 
 
 def check_version(conn: Any, schema: str) -> None:
     """Refuse a schema that is missing or at another version (``migrate=False``)."""
     found = current_version(conn, schema)
+    if found is not None and found > SCHEMA_VERSION:
+        _check_readable(conn, schema, found)
+        return
     if found != SCHEMA_VERSION:
         state = "does not exist" if found is None else f"is at version {found}"
         raise ConfigurationError(

@@ -82,6 +82,11 @@ class Statements:
 
     schema: str
     insert: str
+    insert_keep: str
+    existing: str
+    existing_locked: str
+    delete_expired: str
+    delete_replaced: str
     head_check: str
     notify: str
     recover: str
@@ -99,6 +104,8 @@ class Statements:
     head: str
     wake_times: str
     stats: str
+    fold_counts: str
+    past_restart: str
     due_count: str
     dead_letters: str
     purge_dead: str
@@ -107,13 +114,9 @@ class Statements:
     def build(cls, schema: str) -> Statements:
         jobs = f"{quoted(schema)}.jobs"
         tokens = f"{quoted(schema)}.tokens"
+        counts = f"{quoted(schema)}.counts"
         not_expired = f"NOT (state IN {_TTL} AND updated_at <= {CUTOFF})"
-        return cls(
-            schema=schema,
-            # enqueue: the specs as parallel arrays, due at run_at or NOW + delay. A
-            # unique violation fails the whole statement (nothing stored); the store
-            # then decides reject / keep / replace row by row.
-            insert=f"""
+        insert = f"""
                 INSERT INTO {jobs} (queue, id, name, payload, run_at, state, max_attempts,
                                     backoff, misfire, created_at, updated_at)
                 SELECT %(q)s, v.id, v.name, v.payload,
@@ -127,8 +130,29 @@ class Statements:
                             %(misfires)s::text[], %(created)s::float8[])
                      WITH ORDINALITY AS v(id, name, payload, run_at, delay, max_attempts,
                                           backoff, misfire, created_at, ord)
-                ORDER BY v.ord
-                RETURNING id, run_at""",
+                ORDER BY v.ord"""
+        existing = (
+            f"SELECT id, state, state IN {_TTL} AND updated_at <= {CUTOFF} FROM {jobs} "
+            f"WHERE queue = %(q)s AND id = ANY(%(ids)s)"
+        )
+        return cls(
+            schema=schema,
+            # enqueue: the specs as parallel arrays, due at run_at or NOW + delay. A
+            # unique violation fails the whole statement (nothing stored); the store
+            # then decides reject / keep / replace row by row.
+            insert=insert + " RETURNING id, run_at",
+            # keep: an id created by another producer meanwhile is kept, not an error
+            insert_keep=insert + " ON CONFLICT (queue, id) DO NOTHING RETURNING id, run_at",
+            # the slow path's read of the ids that exist (no lock: see enqueue.py) ...
+            existing=existing,
+            # ... and replace's lock on the rows it replaces (never a running one)
+            existing_locked=existing + " AND state <> 'running' FOR UPDATE",
+            delete_expired=f"""
+                DELETE FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)
+                  AND state IN {_TTL} AND updated_at <= {CUTOFF}""",
+            delete_replaced=f"""
+                DELETE FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)
+                  AND state <> 'running'""",
             # After a commit that scheduled something due at %(at)s: wake the
             # listeners if nothing scheduled is earlier (they sleep until the head).
             # The NOTIFY's own transaction does not wait for the disk: a wake-up
@@ -140,7 +164,12 @@ class Statements:
                                   WHERE queue = %(q)s AND state = 'scheduled'
                                     AND run_at < %(at)s)""",
             # Inside a caller's transaction: fires on its commit, never on rollback.
-            notify="SELECT pg_notify(%(channel)s, %(at)s::text)",
+            # One wake-up per transaction unless a later call schedules earlier (the
+            # earliest due time notified so far is a transaction-local setting).
+            notify="""
+                SELECT pg_notify(%(channel)s, %(at)s::text), set_config(%(guc)s, %(at)s::text, true)
+                WHERE coalesce(nullif(current_setting(%(guc)s, true), '')::float8,
+                               'Infinity'::float8) > %(at)s::float8""",
             # Expired leases: back to the due set at their lease end, or buried when
             # their attempts are used up. Bounded per call; SKIP LOCKED so two
             # workers never wait on each other here.
@@ -195,12 +224,23 @@ class Statements:
                     LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
             # A batch of completions; kind is succeeded / skipped (ack), dead (bury),
             # retry or release. Applied only where the fencing token is current.
+            # Every entry comes back: (id, token, due time, kind, applied, state and
+            # token of the row as this statement found it), so a stale entry needs no
+            # second read after the commit. With result_ttl 0 a finished job is
+            # deleted instead of kept.
             complete=f"""
                 WITH v AS (
                     SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
                                          %(kinds)s::text[], %(run_ats)s::float8[],
                                          %(texts)s::text[])
-                        AS v(id, token, kind, run_at, text))
+                        AS v(id, token, kind, run_at, text)),
+                gone AS (
+                    DELETE FROM {jobs} j USING v
+                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
+                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                      AND j.state = 'running'
+                    RETURNING j.id, j.token, j.run_at),
+                u AS (
                 UPDATE {jobs} j SET
                     state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
                                  ELSE v.kind END,
@@ -219,7 +259,12 @@ class Statements:
                 FROM v
                 WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
                   AND j.state = 'running'
-                RETURNING j.id, j.token, j.run_at, v.kind""",
+                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
+                RETURNING j.id, j.token, j.run_at),
+                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone)
+                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
+                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
+                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
             stale=f"SELECT id, state, token FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)",
             extend=f"""
                 UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
@@ -288,21 +333,69 @@ class Statements:
                        (SELECT lease_until FROM {jobs} WHERE queue = %(q)s
                         AND state = 'running' ORDER BY lease_until LIMIT 1),
                        {NOW}""",
-            # One index-only count per state (each a range of jobs_due).
-            stats=f"""
-                SELECT s.state, (SELECT count(*) FROM {jobs} j
-                                 WHERE j.queue = %(q)s AND j.state = s.state
-                                   AND NOT (j.state IN {_TTL} AND j.updated_at <= {CUTOFF}))
-                FROM unnest(ARRAY['scheduled', 'running', 'succeeded', 'dead', 'cancelled',
-                                  'skipped']) AS s(state)""",
+            # The counts kept by the triggers on jobs (schema.py), less the finished
+            # records past result_ttl that the purge has not deleted yet (a range
+            # of jobs_finished: small while the purge keeps up).
+            # One round trip: a row per state, then 'due' (the due backlog, a range
+            # of jobs_due) and 'next_due' (the head), all as float8.
+            stats=" UNION ALL ".join(
+                [
+                    f"SELECT '{state}', (coalesce((SELECT sum(n) FROM {counts} "
+                    f"WHERE queue = %(q)s AND state = '{state}'), 0)"
+                    + (
+                        f" - (SELECT count(*) FROM {jobs} WHERE queue = %(q)s "
+                        f"AND state = '{state}' AND updated_at <= {CUTOFF})"
+                        if state in ("succeeded", "cancelled", "skipped")
+                        else ""
+                    )
+                    + ")::float8"
+                    for state in (
+                        "scheduled",
+                        "running",
+                        "succeeded",
+                        "dead",
+                        "cancelled",
+                        "skipped",
+                    )
+                ]
+                + [
+                    f"SELECT 'due', (SELECT count(*) FROM {jobs} WHERE queue = %(q)s "
+                    f"AND state = 'scheduled' AND run_at <= {NOW})::float8",
+                    f"SELECT 'next_due', (SELECT run_at FROM {jobs} WHERE queue = %(q)s "
+                    f"AND state = 'scheduled' ORDER BY run_at, seq LIMIT 1)",
+                ]
+            ),
+            # After a server start: the token sequence past the server's clock (µs).
+            past_restart=f"""
+                WITH started AS (
+                    INSERT INTO {quoted(schema)}.meta (key, value)
+                    VALUES ('tokens_moved_at_start', pg_postmaster_start_time()::text)
+                    ON CONFLICT (key) DO UPDATE SET value = excluded.value
+                    WHERE meta.value IS DISTINCT FROM excluded.value
+                    RETURNING 1)
+                SELECT setval('{tokens}', greatest(
+                    (SELECT last_value FROM {tokens}),
+                    (extract(epoch FROM clock_timestamp()) * 1e6)::bigint))
+                FROM started""",
+            # The count deltas of a queue summed into one row per state.
+            fold_counts=f"""
+                WITH d AS (DELETE FROM {counts} WHERE queue = %(q)s RETURNING state, n)
+                INSERT INTO {counts} (queue, state, n)
+                SELECT %(q)s, state, sum(n) FROM d GROUP BY state HAVING sum(n) <> 0""",
             due_count=f"""
                 SELECT count(*) FROM {jobs}
                 WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}""",
             dead_letters=f"""
                 SELECT {COLUMNS} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
                 ORDER BY updated_at DESC, seq DESC LIMIT %(limit)s""",
+            # A bounded batch (one transaction each), counted on the server.
             purge_dead=f"""
-                DELETE FROM {jobs}
-                WHERE queue = %(q)s AND state = 'dead' AND updated_at < %(older_than)s
-                  AND (%(all)s OR id = ANY(%(ids)s))""",
+                WITH gone AS (
+                    DELETE FROM {jobs} WHERE (queue, id) IN (
+                        SELECT queue, id FROM {jobs}
+                        WHERE queue = %(q)s AND state = 'dead' AND updated_at < %(older_than)s
+                          AND (%(all)s OR id = ANY(%(ids)s))
+                        LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+                    RETURNING 1)
+                SELECT count(*) FROM gone""",
         )

@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ import delayq.backends.postgres._schema as schemas
 from delayq._validate import check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    PURGE_BATCH,
     CompletesInBatches,
     check_dead_ttl,
     check_max_wait,
@@ -33,7 +35,13 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import UrlOptions, keyword_defaults
 from delayq.backends.postgres._claims import PostgresClaims
-from delayq.backends.postgres._connection import mapped, mask, split_url
+from delayq.backends.postgres._connection import (
+    check_idle,
+    connect_error,
+    mapped,
+    mask,
+    split_url,
+)
 from delayq.backends.postgres._enqueue import PostgresEnqueue
 from delayq.backends.postgres._inspect import PostgresInspection
 from delayq.backends.postgres._schedules import PostgresSchedules
@@ -56,6 +64,17 @@ DEFAULT_QUEUE = "default"
 
 _HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
+_PURGE_MOST = 64_000  # rows one purge deletes at most (a backlog doubles it up to this)
+# The listener's TCP keepalives (unless the URL sets them): a half-open connection
+# is noticed in about 25 s instead of the kernel's default two hours.
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 25_000,
+}
+_IDENTITY = "SELECT current_database(), (SELECT system_identifier FROM pg_control_system())"
 
 log = logging.getLogger("delayq.postgres")
 
@@ -81,13 +100,24 @@ class PostgresBackend(
     * ``clock``: for tests only. When given, its time replaces the server's
       clock wherever a call is not given ``now=``.
     * ``connect_timeout``: seconds to wait for a connection (default 10).
+    * ``pgbouncer``: True behind PgBouncer in transaction pooling (default
+      False): no session settings and no server-side prepared statements, and
+      no LISTEN (it needs a session): waits poll (``poll_interval``). Set
+      ``lock_timeout`` on the database role instead (``ALTER ROLE ... SET``).
+    * ``listen``: False waits by polling the schedule every ``poll_interval``
+      seconds (default 0.5) instead of LISTEN/NOTIFY (default True, False
+      with ``pgbouncer``); a wait still ends at the next due time.
+    * ``lock_timeout``: seconds a statement of the store waits for a row lock
+      before it fails with :class:`~delayq.errors.BackendError` (default 5): a
+      caller's long transaction never stalls claims, renewals or acks for long.
     * ``synchronous_commit``: ``"on"`` (default: a call returns after its commit
       is on disk, so a job survives a server crash or power loss) or ``"off"``
       (the server's setting of that name for delayq's sessions: several times
       more single-call writes per second; a server crash may lose the last
       fraction of a second of commits, a client crash still loses nothing).
 
-    Lock rule: ``_lock`` guards ``_listener``, ``_closed`` and ``_last_purge``.
+    Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge`` and
+    ``_purge_size``.
     The pool and the listener are thread-safe; no query runs under ``_lock``.
     """
 
@@ -118,6 +148,10 @@ class PostgresBackend(
         connect_timeout: float = 10.0,
         application_name: str = "delayq",
         synchronous_commit: str = "on",
+        lock_timeout: float = 5.0,
+        pgbouncer: bool = False,
+        listen: bool | None = None,
+        poll_interval: float = FALLBACK_WAIT,
     ) -> None:
         conninfo, options = split_url(url)
         given = UrlOptions(url, options, _KEYWORD_DEFAULTS)
@@ -143,47 +177,76 @@ class PostgresBackend(
         self._sql = Statements.build(schema)
         self._channel = channel_name(schema, queue)
         self._timeout = check_seconds(connect_timeout, "connect_timeout")
+        lock_timeout = check_seconds(given.pick("lock_timeout", lock_timeout), "lock_timeout")
+        pgbouncer = given.pick("pgbouncer", pgbouncer)
+        listen = given.pick("listen", listen)
+        if not isinstance(pgbouncer, bool):
+            raise InvalidOption(f"pgbouncer must be True or False, got {pgbouncer!r}")
+        if listen is not None and not isinstance(listen, bool):
+            raise InvalidOption(f"listen must be True, False or None, got {listen!r}")
+        self._listen = (not pgbouncer) if listen is None else listen
+        self._poll = check_seconds(given.pick("poll_interval", poll_interval), "poll_interval")
+        if self._poll <= 0:
+            raise InvalidOption(f"poll_interval must be > 0 seconds, got {self._poll!r}")
+        self._pgbouncer = pgbouncer
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "application_name": application_name,
             "connect_timeout": max(1, math.ceil(self._timeout)),
-            # Custom plans always: a generic plan of the batch UPDATE (arrays of
-            # unknown length) walks every row of the queue; planning is cheap here.
-            "options": " ".join(
-                [
-                    str(conninfo_to_dict(conninfo).get("options") or ""),
-                    f"-c synchronous_commit={synchronous_commit}",
-                    "-c plan_cache_mode=force_custom_plan",
-                ]
-            ).strip(),
+        }
+        if pgbouncer:
+            self._kwargs["prepare_threshold"] = None  # no server-side prepared statements
+        # Set on each new session (not in the start-up packet, which keeps the
+        # URL's and PGOPTIONS' own options). Custom plans always: a generic plan of
+        # the batch UPDATE (arrays of unknown length) walks every row of the queue.
+        self._settings = {
+            "synchronous_commit": synchronous_commit,
+            "plan_cache_mode": "force_custom_plan",
+            "lock_timeout": f"{max(1, round(lock_timeout * 1000))}ms",
         }
         self._conninfo = conninfo
+        in_url = conninfo_to_dict(conninfo)
+        self._listen_kwargs = {
+            **{k: v for k, v in _KEEPALIVES.items() if k not in in_url},
+            **self._kwargs,
+        }
+        self._callers: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         self._listener: Listener | None = None
         self._closed = False
         self._last_purge = float("-inf")
+        self._purge_size = PURGE_BATCH
         self._waiter_ids = itertools.count()
         self._hint = threading.local()  # per thread: what its last claim read (see _set_hint)
+        try:
+            # One connection first, so a refusal is reported as the server gave it.
+            first = psycopg.connect(conninfo, **self._kwargs)
+        except psycopg.Error as exc:
+            raise connect_error(self.url, exc) from exc
+        with first, mapped(self.url, "preparing the schema"):
+            self._configure(first, schema_ready=False)
+            row = first.execute(_IDENTITY).fetchone()
+            assert row is not None
+            self._identity = (row[0], row[1])
+            if migrate:
+                schemas.migrate(first, schema)
+            else:
+                schemas.check_version(first, schema)
+            self._after_restart(first)
         self._pool = psycopg_pool.ConnectionPool(
             conninfo,
             kwargs=self._kwargs,
             min_size=1,
             max_size=pool_size,
             open=False,
+            configure=self._configure,
+            check=check_idle,
             timeout=self._timeout,
             name=f"delayq-{queue}",
         )
-        try:
-            with mapped(self.url, "connecting"):
-                self._pool.open(wait=True, timeout=self._timeout)
-            with self._conn("preparing the schema") as conn:
-                if migrate:
-                    schemas.migrate(conn, schema)
-                else:
-                    schemas.check_version(conn, schema)
-        except BaseException:
-            self._pool.close()
-            raise
+        self._pool.open(wait=False)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
@@ -194,6 +257,40 @@ class PostgresBackend(
         return f"PostgresBackend(url={self.url!r}, queue={self.queue!r}, schema={self.schema!r})"
 
     # -- connections ------------------------------------------------------------
+    def _configure(self, conn: psycopg.Connection[Any], *, schema_ready: bool = True) -> None:
+        """The store's settings on a new session (see ``__init__``); then, once the
+        schema exists, the token sequence moved past a server restart."""
+        if not self._pgbouncer:  # (a session's settings do not survive transaction pooling)
+            conn.execute(
+                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
+                [x for pair in self._settings.items() for x in pair],
+            )
+        if schema_ready:
+            self._after_restart(conn)
+
+    def _after_restart(self, conn: psycopg.Connection[Any]) -> None:
+        """Fencing tokens stay unique across a server crash: claims commit without
+        waiting for the disk, so a crash may take the token sequence back below
+        tokens that live workers hold. The first session after each server start
+        moves it past the server's clock in microseconds (a sequence is never
+        drawn faster than that), once: the row lock on ``meta`` serializes them."""
+        conn.execute(self._sql.past_restart)
+
+    def _same_database(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse a caller's connection to another database or server (checked once
+        per connection): a job written there would wait where no worker looks."""
+        if self._callers.get(conn):
+            return
+        with mapped(self.url, "checking the caller's connection"):
+            row = conn.execute(_IDENTITY).fetchone()
+        if row is None or (row[0], row[1]) != self._identity:
+            info = conn.info
+            raise InvalidOption(
+                f"connection= is to database {info.dbname!r} on {info.host}:{info.port}, "
+                f"not the store's ({self.url}): its jobs would never run"
+            )
+        self._callers[conn] = True
+
     @contextmanager
     def _conn(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; psycopg errors become delayq errors. After a
@@ -203,9 +300,9 @@ class PostgresBackend(
         try:
             with mapped(self.url, doing), self._pool.connection() as conn:
                 yield conn
-        except BackendUnavailable:
-            if not self._closed:
-                self._pool.check()
+        except BackendUnavailable as exc:
+            if not self._closed and not isinstance(exc.__cause__, psycopg_pool.PoolTimeout):
+                self._pool.check()  # a connection failed: drop the pool's broken ones
             raise
         except psycopg_pool.PoolClosed as exc:
             raise QueueClosed(f"{self!r} is closed") from exc
@@ -216,9 +313,9 @@ class PostgresBackend(
             try:
                 with self._conn(doing) as conn:
                     return conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
-            except BackendUnavailable:
-                if attempt == 2:
-                    raise
+            except BackendUnavailable as exc:
+                if attempt == 2 or isinstance(exc.__cause__, psycopg_pool.PoolTimeout):
+                    raise  # a full pool is not retried: that would wait twice
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _write(self, doing: str, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -232,14 +329,24 @@ class PostgresBackend(
             now = self._clock.time()
         return {"q": self.queue, "now": now, "ttl": self._result_ttl, **more}
 
-    def _purge_due(self) -> bool:
-        """True at most once per ``_PURGE_EVERY`` seconds: time to purge finished records."""
+    def _purge_batch(self) -> int | None:
+        """The size of the purge that is due now, or None (see ``PostgresClaims._purge``)."""
         mono = self._clock.monotonic()
         with self._lock:
             if mono - self._last_purge < _PURGE_EVERY:
-                return False
+                return None
             self._last_purge = mono
-            return True
+            return self._purge_size
+
+    def _purged(self, batch: int, deleted: int) -> None:
+        """After a purge of ``batch`` rows that deleted ``deleted``: a full one is
+        followed at once by one twice as large (a backlog), else back to normal."""
+        with self._lock:
+            if deleted >= batch:
+                self._purge_size = min(2 * batch, _PURGE_MOST)
+                self._last_purge = float("-inf")
+            else:
+                self._purge_size = PURGE_BATCH
 
     def _mark(self) -> tuple[int, int] | None:
         """The listener's log position before a claim reads the schedule (no listener: None)."""
@@ -264,10 +371,17 @@ class PostgresBackend(
         the earliest now (here at once, elsewhere through NOTIFY)."""
         if at is None:
             return
-        conn.execute(self._sql.head_check, {"q": self.queue, "at": at, "channel": self._channel})
         listener = self._listener
         if listener is not None:
             listener.heard(at)
+        try:
+            conn.execute(
+                self._sql.head_check, {"q": self.queue, "at": at, "channel": self._channel}
+            )
+        except psycopg.Error as exc:
+            # The change is committed: it must not be reported as failed (a retry
+            # would do it twice). Other processes' waiters find it by their next read.
+            log.warning("delayq: waking workers after a commit failed: %s", exc)
 
     # -- producers --------------------------------------------------------------
     def cancel(self, job_id: str) -> CancelOutcome:
@@ -333,14 +447,16 @@ class PostgresBackend(
 
     # -- waiting ----------------------------------------------------------------
     def _connect_listener(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self._conninfo, **self._kwargs)
+        return psycopg.connect(self._conninfo, **self._listen_kwargs)
 
     def _get_listener(self) -> Listener:
         with self._lock:
             if self._closed:
                 raise QueueClosed(f"{self!r} is closed")
             if self._listener is None:
-                self._listener = Listener(self._connect_listener, self._channel)
+                self._listener = Listener(
+                    self._connect_listener, self._channel, enabled=self._listen
+                )
             return self._listener
 
     def wait_for_due(self, max_wait: float) -> None:
@@ -392,7 +508,7 @@ class PostgresBackend(
                     listener.waiters[key] = min(times)
                     left = min(left, min(times) - now)
                 if not (listening and listener.listening):
-                    left = min(left, FALLBACK_WAIT)
+                    left = min(left, FALLBACK_WAIT if self._listen else self._poll)
                 if left > 0:
                     clock.wait(listener.cond, left)
         finally:

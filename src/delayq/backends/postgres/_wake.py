@@ -17,6 +17,9 @@ Who notifies:
   delivered on commit and dropped on rollback, so a job exists for the workers
   exactly when the caller's transaction commits.
 
+The LISTEN connection has TCP keepalives and sends ``SELECT 1`` after ten idle
+seconds, so a half-open connection is noticed and replaced like a dropped one.
+
 A wake-up is an optimisation, never the only path: while the listener's
 connection is down (a server restart, ``pg_terminate_backend``) waits are cut
 to :data:`FALLBACK_WAIT` and a warning is logged once per outage; after it
@@ -45,6 +48,7 @@ FALLBACK_WAIT = 0.5
 _RECONNECT_PAUSES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 _LOG_SIZE = 256  # due times heard, kept for waiters that read the schedule earlier
 _POLL_STOP = 1.0  # seconds between checks of the stop flag while idle (no query)
+_HEARTBEAT_EVERY = 10  # idle polls between two ``SELECT 1`` on the LISTEN connection
 
 log = logging.getLogger("delayq.postgres")
 
@@ -62,8 +66,9 @@ class Listener:
     the listener thread only.
     """
 
-    def __init__(self, connect: Callable[[], Any], channel: str) -> None:
+    def __init__(self, connect: Callable[[], Any], channel: str, *, enabled: bool = True) -> None:
         self._connect = connect
+        self.enabled = enabled  # False: poll-only, no thread, no connection
         self.channel = channel
         self.cond = threading.Condition(threading.Lock())
         self.gen = 0  # bumped by every wake-up that concerns the waiters
@@ -84,7 +89,7 @@ class Listener:
     def start(self, timeout: float = 5.0) -> bool:
         """Start the thread if needed; True once it listens (False: fall back)."""
         with self.cond:
-            if self.closed:
+            if self.closed or not self.enabled:
                 return False
             if self.thread is None:
                 self.thread = threading.Thread(
@@ -118,9 +123,12 @@ class Listener:
 
     def heard_since(self, mark: tuple[int, int], until: float) -> bool:
         """Whether anything due before ``until`` was heard after ``mark`` (or the log
-        cannot tell: a reconnect, a wake-up, or more arrivals than it keeps). Lock held."""
+        cannot tell: a reconnect, a wake-up, or more arrivals than it keeps). Lock held.
+
+        While the connection is down nothing is heard: the caller's wait is capped
+        at :data:`FALLBACK_WAIT` instead (returning here would make a claim loop spin)."""
         epoch, seq = mark
-        if epoch != self.epoch or not self.listening:
+        if epoch != self.epoch:
             return True
         if self.log and self.log[0][0] > seq + 1:
             return True  # entries after ``mark`` fell out of the log
@@ -155,16 +163,24 @@ class Listener:
                     self._warned = False
                 self._ready.set()
                 failures = 0
+                idle = 0
                 while True:
                     with self.cond:
                         if self.closed:
                             return
+                    idle += 1
                     for note in conn.notifies(timeout=_POLL_STOP):
+                        idle = 0
                         try:
                             due = float(note.payload)
                         except ValueError:
                             due = float("-inf")  # unknown: wake everyone
                         self.heard(due)
+                    if idle >= _HEARTBEAT_EVERY:
+                        # A half-open connection (a NAT or firewall dropped it) is
+                        # noticed by the write and the keepalives, not hours later.
+                        conn.execute("SELECT 1")
+                        idle = 0
             except Exception as exc:
                 with self.cond:
                     if self.closed:
@@ -178,10 +194,11 @@ class Listener:
 
     def _lost(self, exc: BaseException) -> None:
         with self.cond:
-            self.listening = False
-            self.gen += 1
-            self.epoch += 1
-            self.cond.notify_all()
+            if self.listening:  # a failed reconnect changes nothing for the waiters
+                self.listening = False
+                self.gen += 1
+                self.epoch += 1
+                self.cond.notify_all()
         self._ready.set()  # a first connect that fails must not block start()
         if not self._warned:
             log.warning(

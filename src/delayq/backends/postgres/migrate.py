@@ -1,8 +1,11 @@
 """``delayq migrate``: create or upgrade a PostgreSQL store's schema by hand.
 
-Stores migrate themselves when opened (``migrate=True``, the default); run this
-before deploying a new delayq version when the application's database user may
-not create tables (open the stores with ``migrate=False`` then).
+Stores migrate themselves when opened (``migrate=True``, the default; every
+migration is additive and keeps the previous delayq version working, so a
+rolling deploy can mix them); run this before deploying a new delayq version
+when the application's database user may not create tables (open the stores
+with ``migrate=False`` then). ``--sql`` prints the statements instead of
+running them.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from delayq.errors import ConfigurationError
 __all__ = ["migrate_url"]
 
 
-def migrate_url(url: str | None) -> str:
-    """Migrate the schema named by ``url`` (``?schema=``, default ``delayq``); a report line."""
+def migrate_url(url: str | None, *, sql: bool = False) -> str:
+    """Migrate the schema named by ``url`` (``?schema=``, default ``delayq``); a report
+    line. With ``sql``, change nothing and return the statements it would run."""
     if url is None or urlsplit(url).scheme not in ("postgresql", "postgres"):
         raise ConfigurationError(
             f"delayq migrate is for postgresql:// stores (got {url and mask(url)!r}); "
@@ -31,6 +35,11 @@ def migrate_url(url: str | None) -> str:
         mapped(mask(url), "migrating"),
         psycopg.connect(conninfo, autocommit=True, application_name="delayq-migrate") as conn,
     ):
+        if sql:
+            statements = schemas.pending_sql(conn, schema)
+            if not statements:
+                return f"-- schema {schema!r} is at version {schemas.SCHEMA_VERSION}: nothing to do"
+            return "\n".join(f"{statement.strip()};" for statement in statements)
         before, after = schemas.migrate(conn, schema)
     if before == after:
         return f"schema {schema!r} is at version {after}: nothing to do"

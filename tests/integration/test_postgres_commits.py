@@ -1,0 +1,78 @@
+"""The PostgreSQL store never raises after a commit: what follows it is best effort."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from delayq import DelayQ
+from delayq.backends.base import Completion
+from delayq.backends.postgres import PostgresBackend
+from delayq.errors import StaleClaim
+from delayq.job import JobSpec, JobState
+from tests.postgres_support import POSTGRES_URL, admin, app_name, pg_schema
+
+pytestmark = [pytest.mark.postgres]
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    with pg_schema() as name:
+        yield name
+
+
+@pytest.fixture
+def backend(schema: str) -> Iterator[PostgresBackend]:
+    b = PostgresBackend(POSTGRES_URL, schema=schema, application_name=app_name(schema))
+    yield b
+    b.close()
+
+
+def spec(job_id: str, delay: float = 0.0) -> JobSpec:
+    return JobSpec(id=job_id, name="t", payload=json.dumps({}), run_at=0.0, delay=delay)
+
+
+def _break_the_wake_up(backend: PostgresBackend) -> None:
+    """Every statement that could run after a commit (the wake-up, a read of stale
+    claims) fails from now on."""
+    backend._sql = dataclasses.replace(
+        backend._sql, head_check="SELECT 1 / 0", stale="SELECT 1 / 0"
+    )
+
+
+def _rows(schema: str) -> list[tuple[object, ...]]:
+    with admin() as c:
+        return c.execute(f'SELECT id, state FROM "{schema}".jobs ORDER BY id').fetchall()
+
+
+def test_schedule_returns_its_id_when_the_wake_up_after_its_commit_fails(schema: str) -> None:
+    with DelayQ(POSTGRES_URL, schema=schema) as app:
+        assert isinstance(app.backend, PostgresBackend)
+        _break_the_wake_up(app.backend)
+        job_id = app.schedule("order.cancel", {"order": 42}, delay=1800)
+        assert _rows(schema) == [(job_id, "scheduled")]  # stored once, and reported so
+
+
+def test_reschedule_requeue_and_completions_report_what_they_committed(
+    backend: PostgresBackend, schema: str
+) -> None:
+    backend.enqueue([spec("r", delay=3600), spec("d"), spec("c"), spec("cc")])
+    _break_the_wake_up(backend)
+    assert backend.reschedule("r", delay=1800).done
+    claims = {c.job.id: c for c in backend.claim(limit=3, lease=30)}
+    backend.bury(claims["d"], "boom")
+    assert backend.requeue_dead("d", delay=60) is True
+    retried, stale = backend.complete(
+        [Completion.retry(claims["c"], 1.0, "again"), Completion.ack(claims["d"])]
+    )
+    assert retried is None and isinstance(stale, StaleClaim) and "'d'" in str(stale)
+    answers, _ = backend.complete_and_claim(
+        [Completion.retry(claims["cc"], 1.0, "again")], limit=1, lease=30
+    )
+    assert answers == [None]
+    assert dict(_rows(schema))["r"] == "scheduled"
+    job = backend.get("d")
+    assert job is not None and job.state is JobState.SCHEDULED
