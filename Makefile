@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test bench lint mutation
+.PHONY: demo test test-stress bench lint mutation mutation-clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadgroup
 
+# The whole suite 5 times in a row while 4 busy loops load the CPUs (tests/stress.py,
+# no root or package needed): every run must pass.
+test-stress: $(STAMP)
+	$(PY) -m tests.stress --cpu 4 --runs 5 -- $(PY) -m pytest -n 2 --dist loadgroup -q
+
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench
 
@@ -39,15 +44,15 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Mutation testing (slow; not part of `make test`): mutates the modules listed in
-# pyproject.toml [tool.mutmut], runs the tests that cover each mutant, prints the
-# survivors and the score.
+# pyproject.toml [tool.mutmut] (or one: `make mutation MODULE=worker/_decide.py`,
+# a folder: MODULE=worker/), runs the tests that cover each mutant at the lowest
+# CPU priority, and prints each module's score and survivors (tests/mutation.py).
+# Resumable: results stay in mutants/ and a new run goes on from them
+# (`make mutation-clean` after changing tests).
+MODULE ?=
 mutation: $(STAMP)
 	$(PY) -m pip install -q -e '.[mutation]'
+	nice -n 19 $(PY) -m tests.mutation $(MODULE)
+
+mutation-clean:
 	rm -rf mutants
-	$(VENV)/bin/mutmut run --max-children 2 > mutants.log 2>&1 || (tail -20 mutants.log; exit 1)
-	$(VENV)/bin/mutmut results
-	$(VENV)/bin/mutmut export-cicd-stats
-	$(PY) -c "import json; s = json.load(open('mutants/mutmut-cicd-stats.json')); \
-	  k, n = s['killed'], s['killed'] + s['survived']; \
-	  print(f'mutation score: {k}/{n} killed ({100 * k / max(n, 1):.1f}%), ' \
-	        f'{s[\"no_tests\"]} without covering tests, {s[\"timeout\"]} timed out')"

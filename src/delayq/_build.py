@@ -30,6 +30,7 @@ from delayq._validate import (
 from delayq.backoff import Backoff, ExponentialBackoff, ScheduleBackoff, backoff_from_spec
 from delayq.codec import encode_payload
 from delayq.errors import ConfigurationError, InvalidDelay, InvalidInput, InvalidOption
+from delayq.flow import check_flow_key, check_priority
 from delayq.job import JobSpec, Misfire
 
 __all__ = [
@@ -53,7 +54,19 @@ MisfireArg = Misfire | str | float | int | None
 WhenArg = datetime | float | int
 
 _SCHEDULE_KEYS = frozenset(
-    {"name", "payload", "delay", "at", "job_id", "max_attempts", "backoff", "misfire"}
+    {
+        "name",
+        "payload",
+        "delay",
+        "at",
+        "job_id",
+        "max_attempts",
+        "backoff",
+        "misfire",
+        "key",
+        "priority",
+        "group",
+    }
 )
 
 
@@ -219,6 +232,7 @@ class JobBuilder:
     _default_max_attempts: int
     _default_backoff: dict[str, Any]
     _default_misfire: str
+    _no_flow_control: str | None  # the store's URL when it has no flow control, else None
 
     def _build_batch(self, jobs: Iterable[Mapping[str, Any]], now: float) -> list[JobSpec]:
         """Validate ``schedule_many``'s items into specs; an error names the item."""
@@ -249,6 +263,9 @@ class JobBuilder:
                     max_attempts=item.get("max_attempts"),
                     backoff=item.get("backoff"),
                     misfire=item.get("misfire"),
+                    key=item.get("key"),
+                    priority=item.get("priority"),
+                    group=item.get("group"),
                     now=now,
                     ids=ids,
                     options=options,
@@ -273,11 +290,14 @@ class JobBuilder:
         backoff: Any,
         misfire: Any,
         now: float,
+        key: Any = None,
+        priority: Any = None,
+        group: Any = None,
         ids: _BatchIds | None = None,
         options: dict[int, tuple[object, Any]] | None = None,
     ) -> JobSpec:
         """Validate one job into a spec (checks in this order: id, name, payload,
-        due time, max_attempts, backoff, misfire).
+        due time, max_attempts, backoff, misfire, key, priority, group).
 
         ``ids`` and ``options`` speed up a batch: ids drawn from one source, and
         backoff / misfire values that are the very same immutable object as an
@@ -315,7 +335,30 @@ class JobBuilder:
             # delay= is relative on the STORE's clock (a skewed producer clock
             # must not move it); run_at is then only this host's estimate.
             delay=None if at is not None else run_at - now,
+            **(
+                {}
+                if key is None
+                and group is None
+                and (priority is None or (priority.__class__ is int and not priority))
+                else self._flow_fields(key, priority, group)
+            ),
         )
+
+    def _flow_fields(self, key: object, priority: object, group: object) -> dict[str, Any]:
+        """The checked ``key``, ``priority`` and ``group`` of a job (flow control)."""
+        fields = {
+            "key": check_flow_key(key, "key"),
+            "priority": 0 if priority is None else check_priority(priority),
+            "group": check_flow_key(group, "group"),
+        }
+        if self._no_flow_control is not None and (
+            fields["key"] is not None or fields["priority"] or fields["group"] is not None
+        ):
+            raise InvalidOption(
+                f"key=, priority= and group= need a store with flow control; "
+                f"{self._no_flow_control} has none (memory://, see the README's store table)"
+            )
+        return fields
 
     def _encode(self, payload: Any) -> str:
         """``payload`` as compact JSON text, size-checked.

@@ -51,8 +51,9 @@ def relative(epoch: float | None, now: float) -> str:
 
 
 def job_dict(job: Job) -> dict[str, Any]:
-    """A job as JSON-ready data (times as epoch seconds, the due time also as ISO 8601 UTC)."""
-    return {
+    """A job as JSON-ready data (times as epoch seconds, the due time also as ISO 8601 UTC);
+    a job under flow control also shows its key, priority, group and ``throttled_until``."""
+    data = {
         "id": job.id,
         "name": job.name,
         "state": job.state.value,
@@ -69,6 +70,13 @@ def job_dict(job: Job) -> dict[str, Any]:
         "last_error": job.last_error,
         "outcome": job.outcome,
     }
+    if job.key is not None or job.priority or job.group is not None:
+        data.update(key=job.key, priority=job.priority, group=job.group)
+        data["throttled_until"] = job.throttled_until
+        data["throttled_until_iso"] = (
+            None if job.throttled_until is None else iso(job.throttled_until)
+        )
+    return data
 
 
 def parse_time(text: str, field: str) -> float:

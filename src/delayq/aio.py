@@ -77,6 +77,9 @@ class AsyncDelayQ:
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        key: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
     ) -> str:
         """:meth:`DelayQ.schedule`: store one job; its id."""
         return await asyncio.to_thread(
@@ -90,6 +93,9 @@ class AsyncDelayQ:
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
+            key=key,
+            priority=priority,
+            group=group,
         )
 
     async def schedule_many(

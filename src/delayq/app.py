@@ -44,6 +44,7 @@ from delayq._build import (
     is_async_callable,
     takes_context,
 )
+from delayq._limits import AppLimits
 from delayq._validate import (
     MAX_DELAY,
     check_datetime,
@@ -110,7 +111,7 @@ class ProducerHook(Protocol):
     def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
-class DelayQ(JobBuilder):
+class DelayQ(JobBuilder, AppLimits):
     """Schedule durable delayed jobs and register the handlers that run them.
 
     ``url`` names the store (``sqlite:///jobs.db``, ``memory://``,
@@ -181,6 +182,9 @@ class DelayQ(JobBuilder):
                     f"unknown store option {unknown[0]!r} for {url or 'the default store'}: {exc}"
                 ) from exc
             self._owns_backend = True
+        self._no_flow_control = (
+            None if "flow_control" in self._backend.features else self._backend.url
+        )
         self._closed = False
         self._recurring = RecurringSchedules(self, rng=rng)
 
@@ -273,6 +277,9 @@ class DelayQ(JobBuilder):
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        key: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
         connection: object = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
@@ -300,6 +307,13 @@ class DelayQ(JobBuilder):
         while no worker ran without dropping jobs that merely waited in a queue.
         A skipped job ends as ``SKIPPED`` with a note saying how late it was.
 
+        Flow control (stores with the ``flow_control`` feature): ``key`` puts the
+        job under the limits declared for that key with :meth:`limit`
+        (concurrency, rate); ``priority`` (an int, higher first) orders it among
+        the due jobs; ``group`` gives it a fair share: due jobs of different
+        groups are claimed in turn, so one group's backlog cannot starve the
+        others. They never make a job run before it is due.
+
         ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
         ``Connection`` / ``Session``) writes the job inside that connection's
         transaction: it exists if and only if the caller's transaction commits.
@@ -314,6 +328,9 @@ class DelayQ(JobBuilder):
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
+            key=key,
+            priority=priority,
+            group=group,
         )
         if self._hooks or connection is not None:
             return self._store([spec], policy, connection)[0][0].id
@@ -327,8 +344,8 @@ class DelayQ(JobBuilder):
 
         Each item is a mapping of :meth:`schedule`'s arguments (``name``,
         ``payload``, ``delay`` or ``at`` or neither for "now", ``job_id``, ``max_attempts``,
-        ``backoff``, ``misfire``). Every item is validated before anything is
-        stored; an error names the item (``jobs[3]: ...``).
+        ``backoff``, ``misfire``, ``key``, ``priority``, ``group``). Every item is
+        validated before anything is stored; an error names the item (``jobs[3]: ...``).
         """
         policy = check_on_conflict(on_conflict)
         now = self.clock.time()
@@ -385,6 +402,9 @@ class DelayQ(JobBuilder):
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        key: str | None = None,
+        priority: int = 0,
+        group: str | None = None,
     ) -> JobSpec:
         """Validate :meth:`schedule`'s arguments into a :class:`JobSpec` without storing it."""
         return self._build(
@@ -396,6 +416,9 @@ class DelayQ(JobBuilder):
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
+            key=key,
+            priority=priority,
+            group=group,
             now=self.clock.time(),
         )
 

@@ -214,6 +214,9 @@ class JobSpec:
     misfire: str = "run"
     created_at: float = 0.0
     delay: float | None = None
+    key: str | None = None  # flow-control key: the limits of this key apply (delayq.flow)
+    priority: int = 0  # among due jobs, higher is claimed first
+    group: str | None = None  # fair share: due jobs of different groups are claimed in turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,10 @@ class Job:
     last_error: str | None = None
     outcome: str | None = None  # a note on how it ended, e.g. "skipped: 312.0s late"
     lease_until: float | None = None
+    key: str | None = None  # flow control (see JobSpec)
+    priority: int = 0
+    group: str | None = None
+    throttled_until: float | None = None  # due, but over its key's rate until then
 
 
 @dataclass(frozen=True, slots=True)

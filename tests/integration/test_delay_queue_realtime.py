@@ -220,8 +220,10 @@ def test_retry_experiment_prints_the_seed_timeline_with_measured_offsets() -> No
     text = out.getvalue()
     offsets = [int(m) for m in re.findall(r"\+\s*(\d+)ms\s+attempt loan-9001#\d", text)]
     assert len(offsets) == 3
-    assert offsets[0] == 0
-    assert 50 <= offsets[1] < 300
-    assert offsets[1] + 100 <= offsets[2] < offsets[1] + 400
+    # Never early (each printed offset is rounded to the ms); how late is the
+    # benchmark's business: the exact timeline is checked on a fake clock
+    # (tests/unit/test_retry_experiment.py).
+    assert offsets[1] >= offsets[0] + 49
+    assert offsets[2] >= offsets[1] + 99
     assert "loan-9001#2 -> succeeded" in text
     assert "queue length at the end = 0" in text

@@ -26,7 +26,6 @@ TIMERS: dict[str, tuple[Callable[[], Any], float]] = {
     "timing_wheel": (TimingWheel, 0.001),
     "delay_queue": (DelayQueueTimer, 0.0),
 }
-SLACK = 0.05  # scheduling noise allowed on a loaded CI machine (the seed experiment)
 
 
 @pytest.mark.parametrize("kind", sorted(TIMERS))
@@ -62,12 +61,11 @@ def test_precision_experiment_reproduces_the_seed_table() -> None:
         assert f"planned +{delay:3d}" in text
 
 
-def test_the_hashed_wheel_quantises_to_its_tick_and_the_heap_does_not() -> None:
+def test_on_the_real_clock_neither_the_wheel_nor_the_heap_runs_early() -> None:
     wheel = precision.measure(lambda: HashedWheelTimer(tick=0.05, slots=8))
     heap = precision.measure(DelayQueueTimer)
-    wheel_errors = [a - d for a, d in zip(wheel, precision.DELAYS_MS, strict=True)]
-    heap_errors = [a - d for a, d in zip(heap, precision.DELAYS_MS, strict=True)]
-    assert min(wheel_errors) >= 0 and min(heap_errors) >= 0
-    assert max(wheel_errors) <= 50 + SLACK * 1000
-    # Every seed delay sits 20-40 ms before the next 50 ms boundary.
-    assert sum(wheel_errors) / 6 >= 15
+    # Never before the deadline; how late is the benchmark's business (the
+    # wheel's quantisation is checked exactly on a fake clock:
+    # tests/unit/test_precision_experiment.py).
+    assert all(a >= d for a, d in zip(heap, precision.DELAYS_MS, strict=True))
+    assert all(a >= d for a, d in zip(wheel, precision.DELAYS_MS, strict=True))

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("web front end", ("delayq.web",)),
     ("plug-ins", ("delayq.observe", "delayq.metrics", "delayq.otel")),
     ("worker", ("delayq.worker",)),
-    ("app", ("delayq.app", "delayq.aio", "delayq._build", "delayq._present")),
+    ("app", ("delayq.app", "delayq.aio", "delayq._build", "delayq._limits", "delayq._present")),
     ("recurring", ("delayq.recurring",)),
     ("testing", ("delayq.testing",)),
     ("stores", ("delayq.backends",)),
@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "core",
         (
             "delayq.job",
+            "delayq.flow",
             "delayq.errors",
             "delayq.clock",
             "delayq.backoff",

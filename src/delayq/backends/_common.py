@@ -22,6 +22,7 @@ from delayq._validate import (
 from delayq.backends.base import Completion
 from delayq.clock import Clock, SystemClock
 from delayq.errors import InvalidOption, InvalidPayload, JobConflict, StaleClaim
+from delayq.flow import check_flow_key, check_priority
 from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 
 log = logging.getLogger("delayq.backends")
@@ -270,7 +271,19 @@ def check_spec(spec: object) -> JobSpec:
     _check_text(spec.misfire, "misfire", job_id)
     if finite_number(spec.created_at) is None:
         raise InvalidOption(f"job {job_id!r}: created_at must be finite epoch seconds")
+    if spec.key is not None or spec.priority or spec.group is not None:
+        check_flow_fields(spec, job_id)
     return spec
+
+
+def check_flow_fields(spec: JobSpec, job_id: str) -> None:
+    """The flow-control fields of a spec (``key``, ``priority``, ``group``)."""
+    try:
+        check_flow_key(spec.key, "key")
+        check_priority(spec.priority)
+        check_flow_key(spec.group, "group")
+    except InvalidOption as exc:
+        raise InvalidOption(f"job {job_id!r}: {exc}") from exc
 
 
 MAX_ERROR_CHARS = 16_384

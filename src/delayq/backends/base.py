@@ -63,6 +63,15 @@ Rules every implementation keeps:
 * **Finished records** are kept for ``result_ttl`` seconds (a backend option) so
   ``get`` and ``cancel`` can say "finished"; dead letters stay until purged or
   requeued.
+* **Flow control** (feature ``flow_control``, :class:`LimitStore`): ``claim``
+  hands out due jobs by ``priority`` (higher first; equal priority in the
+  order above), the groups of one priority in turn; it never gives a key
+  more live leases than its limit's ``concurrency`` (such a job is passed
+  over, the next one tried, and it is claimed once a slot frees; an expired
+  lease frees its slot), and a job over its key's ``rate`` is given its next
+  allowed time (``Job.throttled_until``) and waits, scheduled, until then.
+  Limits are read in the claim's own atomic step, so an edit applies to the
+  next claim of every handle.
 * **No polling interval.** ``wait_for_due`` sleeps until the next due time (or
   lease expiry) and returns early when an earlier job is enqueued, rescheduled
   or requeued (at once in the same process; across processes as fast as the
@@ -78,6 +87,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from delayq.errors import InvalidDelay, InvalidOption, StaleClaim
+from delayq.flow import Limit, LimitRecord
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -90,7 +100,14 @@ from delayq.job import (
     Stats,
 )
 
-__all__ = ["FEATURES", "Backend", "Completion", "ScheduleRecord", "ScheduleStore"]
+__all__ = [
+    "FEATURES",
+    "Backend",
+    "Completion",
+    "LimitStore",
+    "ScheduleRecord",
+    "ScheduleStore",
+]
 
 FEATURES: dict[str, str] = {
     "clock": "takes clock= and uses it for every time not passed as now= (tests)",
@@ -106,6 +123,7 @@ FEATURES: dict[str, str] = {
         "unstarted gives its attempt back (bounded by MAX_UNSTARTED); release takes "
         "run_at= and note="
     ),
+    "flow_control": "per-key concurrency and rate limits, priorities and fair shares, in the claim",
 }
 """The promises a store may declare in its class attribute ``features``.
 
@@ -467,5 +485,32 @@ class ScheduleStore(Protocol):
         ...
 
     def delete_schedule(self, name: str, *, version: int | None = None) -> bool:
+        """Delete the record (only at ``version`` when given); False when nothing was deleted."""
+        ...
+
+
+@runtime_checkable
+class LimitStore(Protocol):
+    """The store capability behind flow control (feature ``flow_control``).
+
+    Limits (:class:`~delayq.flow.Limit`) are records next to the jobs, keyed by
+    their pattern; every handle's next claim applies an edit. Writes are
+    compare-and-set on the record's version, like schedule records.
+    """
+
+    def put_limit(self, limit: Limit, *, version: int) -> int | None:
+        """Store ``limit`` under its pattern if the stored version is ``version``
+        (0: no record yet). Returns the new version, or None on a mismatch."""
+        ...
+
+    def get_limit(self, pattern: str) -> LimitRecord | None:
+        """The record stored under ``pattern``, or None."""
+        ...
+
+    def list_limits(self) -> list[LimitRecord]:
+        """Every record, by pattern."""
+        ...
+
+    def delete_limit(self, pattern: str, *, version: int | None = None) -> bool:
         """Delete the record (only at ``version`` when given); False when nothing was deleted."""
         ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 import click
 
 from delayq.app import URL_ENV
-from delayq.cli import dead, demo, jobs, recurring, worker
+from delayq.cli import dead, demo, jobs, limits, recurring, worker
 from delayq.cli._common import _Settings
 from delayq.cli.bulk import schedule_many_command
 from delayq.cli.web import web
@@ -60,5 +60,6 @@ for _command in (
     web,
     schedule_many_command,
     recurring.recurring,
+    limits.limits,
 ):
     cli.add_command(_command)

@@ -75,7 +75,8 @@ def schedule(
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
-            **due,
+            delay=due.get("delay"),
+            at=due.get("at"),
         )
         [outcome] = app.enqueue([spec], on_conflict=on_conflict)  # type: ignore[arg-type]
         job = app.get(spec.id) if "inspect" in app._backend.features else None

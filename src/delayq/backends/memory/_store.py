@@ -44,6 +44,7 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
+from delayq.backends.memory._flow import Entry, FlowState, MemoryLimits, ReadyJobs
 from delayq.backends.memory._schedules import MemorySchedules
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
@@ -87,6 +88,10 @@ class _Record:
     lease_until: float | None = None
     token: int = 0
     version: int = 0  # bumped on every change that invalidates heap entries
+    key: str | None = None  # flow control (delayq.flow)
+    priority: int = 0
+    group: str | None = None
+    throttled_until: float | None = None
 
     def to_job(self, *, strict: bool = False) -> Job:
         """The job; ``strict`` (claim) raises on a payload that does not decode,
@@ -106,10 +111,14 @@ class _Record:
             last_error=self.last_error,
             outcome=self.outcome,
             lease_until=self.lease_until,
+            key=self.key,
+            priority=self.priority,
+            group=self.group,
+            throttled_until=self.throttled_until,
         )
 
 
-class MemoryBackend(MemorySchedules, CompletesInBatches):
+class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -120,6 +129,10 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
 
     Ordering: jobs are claimed by ``(run_at, seq)`` where ``seq`` is the order in
     which the job was enqueued (or replaced); retries and reschedules keep it.
+    With flow control, ``claim`` moves the due jobs into ``_ready``
+    (:class:`~delayq.backends.memory._flow.ReadyJobs`: by priority, groups in
+    turn) and takes them from there; a job whose key is at its concurrency
+    limit is parked in ``_flow`` until a slot frees.
 
     Lock rule: ``_lock`` guards every field below except ``_clock``, ``url`` and
     ``_result_ttl`` (immutable). ``_cond`` shares ``_lock``; it is notified when
@@ -131,7 +144,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"attempt_at_start", "clock", "definite_cancel", "inspect", "recurring"}
+        {"attempt_at_start", "clock", "definite_cancel", "inspect", "recurring", "flow_control"}
     )
 
     def __init__(
@@ -150,6 +163,9 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         self._due: list[tuple[float, int, int, str]] = []  # (run_at, seq, version, id)
         self._leases: list[tuple[float, int, str]] = []  # (lease_until, token, id)
         self._finished: list[tuple[float, int, str]] = []  # (updated_at, version, id)
+        self._ready = ReadyJobs()  # due jobs moved out of _due by claim
+        self._ready_due: list[Entry] = []  # the same (and the parked ones) by run_at
+        self._flow = FlowState()
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self._wake_gen = 0
@@ -177,7 +193,37 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
 
     def _schedule(self, rec: _Record) -> None:
         rec.version += 1
-        heapq.heappush(self._due, (rec.run_at, rec.seq, rec.version, rec.id))
+        at = rec.run_at if rec.throttled_until is None else rec.throttled_until
+        heapq.heappush(self._due, (at, rec.seq, rec.version, rec.id))
+
+    def _live(self, entry: Entry) -> bool:
+        rec = self._jobs.get(entry[3])
+        return rec is not None and rec.version == entry[2] and rec.state is JobState.SCHEDULED
+
+    def _promote(self, now: float) -> None:
+        """Move the jobs due at ``now`` from the time heap into ``_ready``."""
+        while (head := self._head()) is not None and head[0] <= now:
+            heapq.heappop(self._due)
+            rec = self._jobs[head[3]]
+            entry = (rec.run_at, rec.seq, rec.version, rec.id)
+            self._ready.add(rec.priority, rec.group or "", entry)
+            heapq.heappush(self._ready_due, entry)
+
+    def _retry_parked(self, parked: list[tuple[int, str, Entry]]) -> None:
+        """Give parked jobs (a slot freed, a limit changed) another turn; wake waiters."""
+        if parked:
+            for priority, group, entry in parked:
+                self._ready.add(priority, group, entry)
+            self._wake_gen += 1
+            self._cond.notify_all()
+
+    def _free_slot(self, rec: _Record) -> None:
+        """``rec`` leaves RUNNING: its key's slot frees (idempotent)."""
+        if rec.key is not None:
+            self._retry_parked(self._flow.stop(rec.id))
+
+    def _limits_changed(self) -> None:
+        self._retry_parked(self._flow.changed())
 
     def _finish(self, rec: _Record, state: JobState, now: float) -> None:
         rec.state = state
@@ -199,8 +245,24 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         return None
 
     def _next_due(self) -> float | None:
+        """When a claim may next find work: the earliest time in the time heap,
+        or a due job's time while ``_ready`` holds one (parked jobs wait for a
+        slot, so they do not count)."""
         head = self._head()
-        return None if head is None else head[0]
+        ready = self._ready.peek(self._live)
+        if ready is None:
+            return None if head is None else head[0]
+        return ready[0] if head is None else min(head[0], ready[0])
+
+    def _next_scheduled(self) -> float | None:
+        """The earliest due time of a scheduled job, parked ones included."""
+        ready = self._ready_due
+        while ready and not self._live(ready[0]):
+            heapq.heappop(ready)
+        head = self._next_due()
+        if not ready:
+            return head
+        return ready[0][0] if head is None else min(head, ready[0][0])
 
     def _next_lease_expiry(self) -> float | None:
         leases = self._leases
@@ -253,6 +315,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
         """End a lease that ran out: buried after the last attempt, else due again;
         with no recorded start it was no attempt (see ``attempt_at_start``).
         (A stale heap entry left behind is skipped by ``_next_lease_expiry``.)"""
+        self._free_slot(rec)
         if not rec.started:
             rec.attempts = max(0, rec.attempts - 1)
             rec.unstarted += 1
@@ -336,6 +399,9 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     created_at=spec.created_at or now,
                     updated_at=now,
                     seq=next(self._seq),
+                    key=spec.key,
+                    priority=spec.priority,
+                    group=spec.group,
                 )
                 old = self._jobs.get(spec.id)
                 if old is not None:
@@ -372,6 +438,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                 return RescheduleOutcome(verdict)
             head = self._next_due()
             rec.run_at = run_at
+            rec.throttled_until = None
             rec.updated_at = now
             self._schedule(rec)
             self._wake_if_earlier(run_at, head)
@@ -386,10 +453,22 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
             at = self._now(check_claim_now(now, self._clock))
             self._purge_finished(at)
             self._expire_leases(at)
+            self._promote(at)
             claims: list[Claim] = []
-            while len(claims) < limit and (head := self._head()) is not None and head[0] <= at:
-                heapq.heappop(self._due)
-                rec = self._jobs[head[3]]
+            flow = self._flow
+            while len(claims) < limit and (entry := self._ready.pop(self._live)) is not None:
+                rec = self._jobs[entry[3]]
+                verdict = flow.decide(rec.key, at)
+                if not verdict.ok:
+                    assert rec.key is not None
+                    if verdict.throttled_until is None:  # at its concurrency limit
+                        flow.park(rec.key, rec.priority, rec.group or "", entry)
+                    else:  # over its rate: scheduled until its next allowed time
+                        rec.throttled_until = verdict.throttled_until
+                        rec.updated_at = at
+                        self._schedule(rec)
+                    continue
+                rec.throttled_until = None
                 rec.attempts += 1
                 try:
                     job = replace(
@@ -410,6 +489,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                 rec.updated_at = at
                 rec.version += 1
                 heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
+                flow.start(rec.key, rec.id, at)
                 claims.append(Claim(job, rec.token, rec.lease_until, at))
             return claims
 
@@ -431,6 +511,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                     results.append(exc)
                     continue
                 results.append(None)
+                self._free_slot(rec)
                 if item.released:
                     # Back to its place in the due order (or to run_at), the attempt given back.
                     rec.state = JobState.SCHEDULED
@@ -566,7 +647,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
     def next_due(self) -> float | None:
         with self._lock:
             self._check_open()
-            return self._next_due()
+            return self._next_scheduled()
 
     def stats(self) -> Stats:
         with self._lock:
@@ -581,7 +662,7 @@ class MemoryBackend(MemorySchedules, CompletesInBatches):
                 counts[rec.state] += 1
                 if rec.state is JobState.SCHEDULED and rec.run_at <= now:
                     due += 1
-            return Stats.from_counts(counts, due=due, next_due=self._next_due())
+            return Stats.from_counts(counts, due=due, next_due=self._next_scheduled())
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         limit = check_limit(limit)

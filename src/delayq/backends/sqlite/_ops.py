@@ -29,11 +29,13 @@ from delayq.backends._common import (
     unstarted_expired_note,
 )
 from delayq.backends.base import Completion
+from delayq.backends.sqlite._flow import flow_claim_rows, flow_in_use, flow_rows, mark_flow_used
 from delayq.backends.sqlite._schema import (
     ACK,
     BURY,
     CHUNK,
     CLAIM_DUE,
+    COLUMNS,
     EXPIRED_LEASES,
     HEAD,
     INSERT,
@@ -222,9 +224,14 @@ def insert_specs(
             s.misfire,
             s.created_at or now,
             now,
+            s.key,
+            s.priority,
+            s.group,
         )
         for s in final.values()
     ]
+    if flow_rows(list(final.values())):
+        mark_flow_used(conn, groups=any(s.group is not None for s in final.values()))
     conn.executemany(INSERT, rows)
     return outcomes, min(row[3] for row in rows)
 
@@ -266,7 +273,11 @@ def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> 
     A row that cannot be decoded is buried with the reason inside this
     transaction instead of breaking the claim.
     """
-    rows = conn.execute(CLAIM_DUE, (at, limit)).fetchall()
+    flow, groups = flow_in_use(conn)
+    if flow:  # limits, priorities or groups apply (_flow)
+        rows = flow_claim_rows(conn, COLUMNS, at, limit, groups=groups)
+    else:
+        rows = conn.execute(CLAIM_DUE, (at, limit)).fetchall()
     if not rows:
         return []
     lease_until = at + lease
@@ -288,7 +299,8 @@ def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> 
     conn.execute("UPDATE delayq_meta SET value = ? WHERE key = 'token'", (last + len(jobs),))
     conn.executemany(
         "UPDATE delayq_jobs SET state = 'running', attempts = attempts + 1, started = 0, "
-        "token = ?, lease_until = ?, updated_at = ? WHERE seq = ?",
+        "token = ?, lease_until = ?, updated_at = ?, run_at = COALESCE(flow_run_at, run_at), "
+        "flow_run_at = NULL WHERE seq = ?",
         [(last + 1 + i, lease_until, at, seq) for i, (seq, _job) in enumerate(jobs)],
     )
     return [Claim(job, last + 1 + i, lease_until, at) for i, (_seq, job) in enumerate(jobs)]

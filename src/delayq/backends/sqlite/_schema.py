@@ -9,6 +9,7 @@ import sqlite3
 from typing import Any, Literal
 
 from delayq.backends._common import TTL_STATES, readable_json
+from delayq.backends.sqlite._flow import FLOW_COLUMNS, add_flow_schema
 from delayq.codec import decode_payload
 from delayq.errors import ConfigurationError, InvalidOption
 from delayq.job import Job, JobState
@@ -92,16 +93,20 @@ COUNT_TRIGGERS = (
 
 COLUMNS = (
     "seq, id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
-    "created_at, updated_at, last_error, outcome, lease_until, token"
+    f"created_at, updated_at, last_error, outcome, lease_until, token, {FLOW_COLUMNS}"
 )
 SELECT = f"SELECT {COLUMNS} FROM delayq_jobs"
 INSERT = (
     "INSERT INTO delayq_jobs (id, name, payload, run_at, state, max_attempts, backoff, "
-    "misfire, created_at, updated_at) VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?)"
+    "misfire, created_at, updated_at, flow_key, priority, flow_group) "
+    "VALUES (?, ?, ?, ?, 'scheduled', ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # The hot queries, named so tests can EXPLAIN them (they must search an index, never scan).
 CLAIM_DUE = f"{SELECT} WHERE state = 'scheduled' AND run_at <= ? ORDER BY run_at, seq LIMIT ?"
-HEAD = "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1"
+HEAD = (  # a parked job (run_at = _flow.PARKED_AT) waits for a slot, not a time
+    "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' AND run_at < 1e300 "
+    "ORDER BY run_at LIMIT 1"
+)
 EXPIRED_LEASES = (
     "SELECT seq, attempts, max_attempts, lease_until, started, unstarted FROM delayq_jobs "
     "WHERE state = 'running' AND lease_until <= ?"
@@ -163,7 +168,7 @@ def claimed_job(row: Row, at: float, lease_until: float) -> Job:
         id=row[1],
         name=row[2],
         payload=decode_payload(row[3]),
-        run_at=row[4],
+        run_at=row[4] if row[19] is None else row[19],
         state=JobState.RUNNING,
         attempts=row[6] + 1,
         max_attempts=row[7],
@@ -174,6 +179,9 @@ def claimed_job(row: Row, at: float, lease_until: float) -> Job:
         last_error=row[12],
         outcome=row[13],
         lease_until=lease_until,
+        key=row[16],
+        priority=row[17],
+        group=row[18],
     )
 
 
@@ -184,7 +192,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         id=row[1],
         name=row[2],
         payload=decode_payload(row[3]) if strict else readable_json(row[3]),
-        run_at=row[4],
+        run_at=row[4] if row[19] is None else row[19],
         state=JobState(row[5]),
         attempts=row[6],
         max_attempts=row[7],
@@ -195,6 +203,10 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         last_error=row[12],
         outcome=row[13],
         lease_until=row[14],
+        key=row[16],
+        priority=row[17],
+        group=row[18],
+        throttled_until=row[4] if row[19] is not None and not row[20] else None,
     )
 
 
@@ -270,6 +282,7 @@ def open_connection(
             if column not in present:
                 conn.execute(f"ALTER TABLE delayq_jobs ADD COLUMN {column} {definition}")
         _create_counts(conn)
+        add_flow_schema(conn)
         conn.execute(
             "INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('schema_version', ?)",
             (SCHEMA_VERSION,),

@@ -36,6 +36,7 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
+from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
@@ -100,7 +101,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 """Query parameters of a sqlite:// URL (there is no driver to pass others to)."""
 
 
-class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -140,6 +141,7 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
             "definite_cancel",
             "inspect",
             "recurring",
+            "flow_control",
         }
     )
 
@@ -424,7 +426,8 @@ class SQLiteBackend(SQLiteSchedules, CompletesInBatches):
                 return RescheduleOutcome(verdict)
             head = ops.head(conn)
             conn.execute(
-                "UPDATE delayq_jobs SET run_at = ?, updated_at = ? WHERE seq = ?",
+                "UPDATE delayq_jobs SET run_at = ?, updated_at = ?, flow_run_at = NULL, "
+                "parked = 0 WHERE seq = ?",
                 (run_at, now, seq),
             )
         self._wake_if_earlier(run_at, head)
