@@ -20,9 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from delayq._validate import (
+    MAX_ATTEMPTS,
     MAX_DELAY,
     check_datetime,
     check_duration,
+    check_int,
     check_job_id,
     check_list_cursor,
     utf8_problem,
@@ -45,9 +47,6 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH = 200
-
-MAX_ATTEMPTS = 2**31 - 1
-"""The largest ``max_attempts``: every store keeps it as a 32-bit signed int."""
 
 BackoffArg = Backoff | Mapping[str, Any] | str | Sequence[float] | None
 MisfireArg = Misfire | str | float | int | None
@@ -413,13 +412,7 @@ class JobBuilder:
 
     @staticmethod
     def _check_max_attempts(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOption(f"max_attempts must be an int >= 1, got {value!r}")
-        if not 1 <= value <= MAX_ATTEMPTS:
-            raise InvalidOption(
-                f"max_attempts must be an int >= 1 and <= {MAX_ATTEMPTS}, got {value}"
-            )
-        return value
+        return check_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS)
 
     @staticmethod
     def _id_list(job_ids: object) -> Iterable[object]:
@@ -441,12 +434,6 @@ class JobBuilder:
     def _cursor(after: object) -> tuple[float, str] | None:
         cursor = check_list_cursor(after)
         return None if cursor is None else (cursor[0], check_job_id(cursor[1]))
-
-    @staticmethod
-    def _check_limit(value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidOption(f"limit must be an int >= 1, got {value!r}")
-        return value
 
     @staticmethod
     def _backoff_spec(value: object) -> dict[str, Any]:

@@ -10,8 +10,13 @@ from numbers import Real
 from delayq.errors import InvalidDelay, InvalidJobId, InvalidOption
 
 MAX_JOB_ID_LENGTH = 255
+
 MAX_DELAY = 100 * 365.25 * 86400.0
-"""The furthest a job (or a schedule's interval) may reach ahead: 100 years, in seconds."""
+"""The furthest a job (or a recurring interval) may reach ahead: 100 years, in seconds."""
+
+MAX_ATTEMPTS = 2**31 - 1
+"""The largest ``max_attempts``: every store keeps it as a 32-bit signed int."""
+
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 control characters
 _INF = math.inf
 _BIG_INT = 2**1000  # ints beyond this may not convert to float: the slow path checks them
@@ -46,8 +51,42 @@ def check_seconds(value: object, name: str = "delay") -> float:
     return seconds
 
 
+def check_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+    none_ok: bool = False,
+    note: str = "",
+) -> int:
+    """Return ``value`` if it is an int (not a bool) in ``minimum..maximum``, or raise
+    :class:`InvalidOption` naming it and the range.
+
+    ``none_ok`` only words the message ("None or an int ..."): a caller that
+    accepts None handles it first. ``note`` follows the range, e.g. ``" (0: no cap)"``.
+    """
+    if type(value) is int and minimum <= value and (maximum is None or value <= maximum):
+        return value  # the fast path; subclasses of int take the checks below
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and minimum <= value
+        and (maximum is None or value <= maximum)
+    ):
+        return value
+    bound = f">= {minimum}" if maximum is None else f">= {minimum} and <= {maximum}"
+    either = "None or " if none_ok else ""
+    raise InvalidOption(f"{name} must be {either}an int {bound}{note}, got {value!r}")
+
+
+def check_limit(limit: object) -> int:
+    """A page or batch size: an int >= 1."""
+    return check_int(limit, "limit", minimum=1)
+
+
 def check_duration(value: object, name: str) -> float:
-    """A ``timedelta`` or a number of seconds (see :func:`check_seconds`) as float seconds."""
+    """A ``timedelta`` or a number of seconds, as float seconds (:func:`check_seconds`)."""
     if isinstance(value, timedelta):
         return value.total_seconds()
     return check_seconds(value, name)

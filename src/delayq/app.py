@@ -49,7 +49,9 @@ from delayq._validate import (
     MAX_DELAY,
     check_datetime,
     check_duration,
+    check_int,
     check_job_id,
+    check_limit,
     check_option_seconds,
 )
 from delayq.backends import Backend, open_backend
@@ -145,10 +147,7 @@ class DelayQ(JobBuilder, AppLimits):
         rng: random.Random | None = None,
         **backend_options: Any,
     ) -> None:
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
-            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes!r}")
-        if max_payload_bytes < 1:
-            raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_payload_bytes}")
+        check_int(max_payload_bytes, "max_payload_bytes", minimum=1)
         self.clock = clock
         self.max_payload_bytes = max_payload_bytes
         self._default_max_attempts = self._check_max_attempts(max_attempts)
@@ -588,7 +587,7 @@ class DelayQ(JobBuilder, AppLimits):
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
             due_before=None if due_before is None else check_datetime(due_before, "due_before"),
-            limit=self._check_limit(limit),
+            limit=check_limit(limit),
             **extra,
         )
 
@@ -598,7 +597,7 @@ class DelayQ(JobBuilder, AppLimits):
 
     def dead_letters(self, *, limit: int = 100) -> list[Job]:
         """Dead jobs with their last error, most recently buried first."""
-        return self._backend.dead_letters(limit=self._check_limit(limit))
+        return self._backend.dead_letters(limit=check_limit(limit))
 
     def requeue(
         self,

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.errors import InvalidOption
 
 __all__ = [
@@ -47,9 +47,7 @@ class Backoff(Protocol):
 
 
 def _check_attempt(attempt: int) -> int:
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise InvalidOption(f"attempt must be an int >= 1, got {attempt!r}")
-    return attempt
+    return check_int(attempt, "attempt", minimum=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ import math
 import sys
 from typing import Any
 
-from delayq._validate import utf8_problem
-from delayq.errors import InvalidOption, InvalidPayload, PayloadTooLarge
+from delayq._validate import check_int, utf8_problem
+from delayq.errors import InvalidPayload, PayloadTooLarge
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "JSONValue", "decode_payload", "encode_payload"]
 
@@ -80,8 +80,7 @@ def encode_payload(payload: object, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
     Raises :class:`InvalidPayload` for non-JSON data and
     :class:`PayloadTooLarge` when the UTF-8 encoding exceeds ``max_bytes``.
     """
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise InvalidOption(f"max_payload_bytes must be an int >= 1, got {max_bytes!r}")
+    check_int(max_bytes, "max_payload_bytes", minimum=1)
     _check(payload, "", 0)
     try:
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

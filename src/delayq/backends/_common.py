@@ -12,7 +12,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from delayq._validate import (
+    MAX_ATTEMPTS,
+    check_int,
     check_job_id,
+    check_limit,
     check_list_cursor,
     check_run_at,
     finite_number,
@@ -70,7 +73,7 @@ __all__ = [
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
 """Finished records (succeeded, cancelled, skipped) are kept this long: 7 days."""
 
-MAX_ATTEMPTS_LIMIT = 2**31 - 1
+MAX_ATTEMPTS_LIMIT = MAX_ATTEMPTS
 """The largest ``max_attempts`` a store accepts (a 32-bit signed int everywhere)."""
 
 PURGE_BATCH = 1000
@@ -110,12 +113,6 @@ def check_claim_now(now: object, clock: Clock) -> float | None:
             "(clock=delayq.testing.FakeClock()) to pass now="
         )
     return check_run_at(now, "now")
-
-
-def check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidOption(f"limit must be an int >= 1, got {limit!r}")
-    return limit
 
 
 def filtered_page(
@@ -248,16 +245,10 @@ def check_spec(spec: object) -> JobSpec:
         raise InvalidPayload(f"job {job_id!r}: payload is not valid JSON text: {exc}") from exc
     except RecursionError as exc:
         raise InvalidPayload(f"job {job_id!r}: payload is nested too deeply") from exc
-    attempts = spec.max_attempts
-    if (
-        isinstance(attempts, bool)
-        or not isinstance(attempts, int)
-        or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
-    ):
-        raise InvalidOption(
-            f"job {job_id!r}: max_attempts must be an int in 1..{MAX_ATTEMPTS_LIMIT}, "
-            f"got {attempts!r}"
-        )
+    try:
+        check_int(spec.max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+    except InvalidOption as exc:
+        raise InvalidOption(f"job {job_id!r}: {exc}") from exc
     if spec.delay is None:
         check_run_at(spec.run_at)
     else:
@@ -395,8 +386,7 @@ def complete_then_claim(
     claims, and the claim's error is logged; the caller claims again later. A
     failing ``complete`` raises as usual (nothing claimed).
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+    check_int(limit, "limit", minimum=0)
     answers: list[StaleClaim | None] = store.complete(batch) if batch else []
     if limit == 0:
         return answers, []

@@ -8,7 +8,7 @@ table with compare-and-set, nothing more.
 
 from __future__ import annotations
 
-from delayq._validate import MAX_SCHEDULE_NAME, check_schedule_name, utf8_problem
+from delayq._validate import MAX_SCHEDULE_NAME, check_int, check_schedule_name, utf8_problem
 from delayq.errors import InvalidOption
 
 __all__ = [
@@ -31,6 +31,4 @@ def check_schedule_args(name: object, data: object, version: object) -> tuple[st
 
 def check_version(version: object) -> int:
     """A record version for compare-and-set: an int >= 0 (0 = no record)."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise InvalidOption(f"version must be an int >= 0 (0: no record yet), got {version!r}")
-    return version
+    return check_int(version, "version", minimum=0, note=" (0: no record yet)")

@@ -20,7 +20,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import InvalidDelay, InvalidOption
 from delayq.timers.base import DROPPED, TimerHandle, _Ticks
@@ -67,9 +67,7 @@ def check_max_pending(max_pending: int | None) -> int | None:
     """Validate an optional ``max_pending`` bound."""
     if max_pending is None:
         return None
-    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-        raise InvalidOption(f"max_pending must be None or an int >= 1, got {max_pending!r}")
-    return max_pending
+    return check_int(max_pending, "max_pending", minimum=1, none_ok=True)
 
 
 class TimerBase:

@@ -37,9 +37,9 @@ import threading
 from collections.abc import Callable, Iterator, MutableSequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock, SystemClock
-from delayq.errors import InvalidOption, QueueClosed
+from delayq.errors import QueueClosed
 
 __all__ = ["DelayQueue", "Delayed", "DelayedItem"]
 
@@ -122,9 +122,7 @@ def _remove_at(heap: list[_Entry[T]], index: int) -> None:
 def _check_max_items(max_items: int | None) -> int:
     if max_items is None:
         return -1
-    if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 0:
-        raise InvalidOption(f"max_items must be None or an int >= 0, got {max_items!r}")
-    return max_items
+    return check_int(max_items, "max_items", minimum=0, none_ok=True)
 
 
 def _sink_adder(sink: MutableSequence[T] | Callable[[T], object]) -> Callable[[T], object]:
@@ -240,6 +238,7 @@ class DelayQueue(Generic[T]):
             deadline = self._monotonic() + delay
         except OverflowError:  # an int past float's range: check_seconds says so
             deadline = self._monotonic() + check_seconds(delay, "delay")
+        # BEGIN GENERATED from put_at (python -m delayq.timers._gen_hotpaths)
         item: DelayedItem[V] = _new_item(DelayedItem, (value, deadline))
         lock = self._lock
         lock.acquire()
@@ -257,6 +256,7 @@ class DelayQueue(Generic[T]):
         finally:
             lock.release()
         return item
+        # END GENERATED
 
     def put_at(self: DelayQueue[DelayedItem[V]], value: V, deadline: float) -> DelayedItem[V]:
         """Put ``value`` due at monotonic time ``deadline``; return the stored item."""
@@ -272,6 +272,7 @@ class DelayQueue(Generic[T]):
             entry = (deadline, next(self._seq), value, None)
             _heappush(heap, entry)
             if heap[0] is entry:
+                # A new head: whoever waits timed waits for the wrong deadline.
                 self._leader = None
                 if self._waiting:
                     self._available.notify()

@@ -26,8 +26,8 @@ fires up to one tick late (the seed measured about 30 ms mean error with
 :class:`HashedWheelTimer` is the threaded :class:`~delayq.timers.base.Timer`.
 
 This module is past 400 lines on purpose: the schedule path is written out
-twice (``schedule_at`` and the timer's ``schedule_after``) so that each call is
-one Python frame.
+twice (``schedule_at`` and the timer's ``schedule_after``, generated from it by
+:mod:`delayq.timers._gen_hotpaths`) so that each call is one Python frame.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueClosed, QueueFull
+from delayq.errors import QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import (
     COMPACT_MIN,
@@ -62,9 +62,7 @@ _NO_LIMIT = sys.maxsize
 
 
 def _check_slots(slots: object, name: str = "slots") -> int:
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise InvalidOption(f"{name} must be an int >= 1, got {slots!r}")
-    return slots
+    return check_int(slots, name, minimum=1)
 
 
 def _deadline_key(handle: TimerHandle) -> float:
@@ -225,8 +223,8 @@ class HashedWheel:
     ) -> TimerHandle:
         """One-frame ``schedule_at(monotonic() + delay, fn, *args)``: the timer's schedule_after.
 
-        The same body as :meth:`schedule_at` (a call per schedule saved):
-        change both together. ``_monotonic`` is the driver's clock.
+        The body of :meth:`schedule_at` written out again (a call per schedule
+        saved), generated from it. ``_monotonic`` is the driver's clock.
         """
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
@@ -235,6 +233,7 @@ class HashedWheel:
             deadline = self._monotonic() + delay
         except OverflowError:  # an int past float's range: check_seconds says so
             deadline = self._monotonic() + check_seconds(delay, "delay")
+        # BEGIN GENERATED from schedule_at (python -m delayq.timers._gen_hotpaths)
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
@@ -273,6 +272,7 @@ class HashedWheel:
         finally:
             lock.release()
         return handle
+        # END GENERATED
 
     def _refuse(self) -> None:
         """Raise why a schedule is refused: stopped, or ``max_pending`` reached.

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.backoff import Backoff, backoff_from_spec
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueClosed
+from delayq.errors import QueueClosed
 from delayq.timers.delay_queue import DelayQueue
 
 __all__ = ["RetryQueue"]
@@ -80,10 +80,8 @@ class RetryQueue(Generic[T]):
         workers: int = 1,
         name: str = "delayq-retry",
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise InvalidOption(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise InvalidOption(f"workers must be an int >= 1, got {workers!r}")
+        check_int(max_attempts, "max_attempts", minimum=1)
+        check_int(workers, "workers", minimum=1)
         self._deliver = deliver
         self._backoff = backoff_from_spec(backoff)
         self._max_attempts = max_attempts

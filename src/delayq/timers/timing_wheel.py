@@ -27,9 +27,10 @@ is the first boundary at or after its deadline (it never fires early), and
 ``advance(now)`` processes every bucket whose expiration is ``<= now``.
 
 This module is long on purpose: the core's schedule path is written out twice
-(``schedule_at`` and the timer's ``schedule_after``) so that each call is one
-Python frame, and the core, its levels and buckets, and the thin timer around
-them change together.
+(``schedule_at`` and the timer's ``schedule_after``, generated from it by
+:mod:`delayq.timers._gen_hotpaths`) so that each call is one Python frame, and
+the core, its levels and buckets, and the thin timer around them change
+together.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueClosed, QueueFull
+from delayq.errors import QueueClosed, QueueFull
 from delayq.timers._driver import ErrorHandler, WheelTimer, check_max_pending, check_tick
 from delayq.timers.base import (
     COMPACT_MIN,
@@ -121,9 +122,7 @@ DEFAULT_EARLY_CASCADE = 256
 def _check_early_cascade(value: int | None) -> int:
     if value is None:
         return -1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOption(f"early_cascade must be None or an int >= 1, got {value!r}")
-    return value
+    return check_int(value, "early_cascade", minimum=1, none_ok=True)
 
 
 def _order_key(handle: TimerHandle) -> tuple[float, int]:
@@ -187,8 +186,7 @@ class HierarchicalWheel:
         early_cascade: int | None = DEFAULT_EARLY_CASCADE,
     ) -> None:
         seconds = check_tick(tick)
-        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int) or wheel_size < 2:
-            raise InvalidOption(f"wheel_size must be an int >= 2, got {wheel_size!r}")
+        check_int(wheel_size, "wheel_size", minimum=2)
         self._ticks = _Ticks(check_seconds(start, "start"), seconds)
         self._size = wheel_size
         self._current = 0
@@ -341,8 +339,8 @@ class HierarchicalWheel:
     ) -> TimerHandle:
         """One-frame ``schedule_at(monotonic() + delay, fn, *args)``: the timer's schedule_after.
 
-        The same body as :meth:`schedule_at` (a call per schedule saved):
-        change both together. ``_monotonic`` is the driver's clock.
+        The body of :meth:`schedule_at` written out again (a call per schedule
+        saved), generated from it. ``_monotonic`` is the driver's clock.
         """
         cls = delay.__class__
         if not ((cls is float and -_INF < delay < _INF) or cls is int):
@@ -351,6 +349,7 @@ class HierarchicalWheel:
             deadline = self._monotonic() + delay
         except OverflowError:  # an int past float's range: check_seconds says so
             deadline = self._monotonic() + check_seconds(delay, "delay")
+        # BEGIN GENERATED from schedule_at (python -m delayq.timers._gen_hotpaths)
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         handle = WheelHandle()
@@ -402,6 +401,7 @@ class HierarchicalWheel:
         finally:
             lock.release()
         return handle
+        # END GENERATED
 
     def _refuse(self) -> None:
         """Raise why a schedule is refused: stopped, or ``max_pending`` reached.

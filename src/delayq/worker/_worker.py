@@ -10,11 +10,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from delayq._validate import check_option_seconds
+from delayq._validate import check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
 from delayq.clock import Clock
-from delayq.errors import InvalidOption, QueueClosed
+from delayq.errors import QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher
@@ -29,10 +29,7 @@ log = logging.getLogger("delayq.worker")
 
 
 def _positive_int(value: object, name: str, *, allow_zero: bool = False) -> int:
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidOption(f"{name} must be an int >= {low}, got {value!r}")
-    return value
+    return check_int(value, name, minimum=0 if allow_zero else 1)
 
 
 class Worker:

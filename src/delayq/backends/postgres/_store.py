@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
 import delayq.backends.postgres._schema as schemas
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
@@ -164,8 +164,7 @@ class PostgresBackend(
             raise InvalidOption(
                 f"synchronous_commit must be 'on' or 'off', got {synchronous_commit!r}"
             )
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-            raise InvalidOption(f"pool_size must be an int >= 1, got {pool_size!r}")
+        check_int(pool_size, "pool_size", minimum=1)
         dead_ttl = given.pick("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from delayq._validate import check_seconds
+from delayq._validate import check_int, check_seconds
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
@@ -200,12 +200,10 @@ class RedisBackend(RedisInspection, RedisSchedules):
         self.prefix = prefix
         self._result_ttl = check_result_ttl(result_ttl)
         for option, cap in (("max_finished", max_finished), ("max_dead", max_dead)):
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-                raise InvalidOption(f"{option} must be an int >= 0 (0: no cap), got {cap!r}")
+            check_int(cap, option, minimum=0, note=" (0: no cap)")
         self._wait: tuple[Any, ...] = ()
         for option, count in (("wait_replicas", wait_replicas), ("wait_aof", int(wait_aof))):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise InvalidOption(f"{option} must be an int >= 0, got {count!r}")
+            check_int(count, option, minimum=0)
         if wait_replicas or wait_aof:
             ms = int(check_seconds(wait_timeout, "wait_timeout") * 1000)
             if wait_aof:
@@ -477,8 +475,7 @@ class RedisBackend(RedisInspection, RedisSchedules):
         It is not retried after a lost reply (its completions would then be
         answered as stale); the jobs it claimed come back when their lease ends.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidOption(f"limit must be an int >= 0, got {limit!r}")
+        check_int(limit, "limit", minimum=0)
         lease = check_lease(lease)
         items = Completion.batch(batch)
         if not items and limit == 0:
