@@ -36,6 +36,11 @@ def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``rabbitmqctl -q ARGS`` (for policies and connections of the test vhost only)."""
+    return _rabbitmqctl(*args)
+
+
 def _reachable() -> str | None:
     parts = urlsplit(AMQP_URL)
     try:
@@ -91,15 +96,24 @@ def unique_queue(seed: str | None = None) -> str:
     return "t" + hashlib.sha1(seed.encode()).hexdigest()[:12]
 
 
+def ready_queue(queue: str) -> str:
+    return f"delayq.v2.ready.{queue}"
+
+
+def dead_stream(queue: str) -> str:
+    return f"delayq.v2.dead.{queue}"
+
+
 def delete_queues(queue: str) -> None:
-    """Delete a test queue's ready and dead queues (the shared levels stay with the vhost)."""
+    """Delete a test queue's ready queue and dead stream (the shared levels stay with the
+    vhost; messages still in them go to its orphans queue)."""
     try:
         connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
     except pika.exceptions.AMQPError:
         return
     try:
         channel = connection.channel()
-        for name in (f"delayq.q.{queue}", f"delayq.q.{queue}.dead"):
+        for name in (ready_queue(queue), dead_stream(queue)):
             channel.queue_delete(name)
     finally:
         connection.close()

@@ -76,3 +76,14 @@ def test_reschedule_requeue_and_completions_report_what_they_committed(
     assert dict(_rows(schema))["r"] == "scheduled"
     job = backend.get("d")
     assert job is not None and job.state is JobState.SCHEDULED
+
+
+def test_a_repeated_completion_is_refused_as_already_recorded_not_as_expired(
+    backend: PostgresBackend,
+) -> None:
+    backend.enqueue([spec("a")])
+    [claim] = backend.claim(limit=1, lease=30)
+    assert backend.complete([Completion.ack(claim)]) == [None]
+    [again] = backend.complete([Completion.ack(claim)])  # a retry after a lost reply
+    assert isinstance(again, StaleClaim)
+    assert "already completed" in str(again) and "expired" not in str(again)

@@ -31,6 +31,7 @@ from tests.rabbitmq_support import (
     AMQP_URL,
     close_connections,
     delete_queues,
+    ready_queue,
     unique_queue,
     vhost_url,
 )
@@ -167,7 +168,7 @@ def test_a_message_that_no_queue_takes_is_an_error_at_schedule(queue: str) -> No
 
 def test_classic_queues_work_too() -> None:
     queue = unique_queue()
-    b = RabbitMQBackend(vhost_url(), queue=queue, queue_type="classic")
+    b = RabbitMQBackend(vhost_url(), queue=queue, queue_type="classic", allow_at_most_once=True)
     try:
         b.enqueue([job("c", 0.1)])
         [claim] = claim_within(b, 1)
@@ -181,7 +182,7 @@ def test_one_queue_name_with_another_queue_type_is_a_configuration_error(
     backend: RabbitMQBackend, queue: str
 ) -> None:
     with pytest.raises(ConfigurationError, match="other arguments"):
-        RabbitMQBackend(vhost_url(), queue=queue, queue_type="classic")
+        RabbitMQBackend(vhost_url(), queue=queue, queue_type="classic", allow_at_most_once=True)
 
 
 def test_bad_input_is_rejected_at_the_call(backend: RabbitMQBackend, queue: str) -> None:
@@ -326,7 +327,7 @@ def test_schedule_goes_on_after_the_broker_closed_the_producers_connection(queue
 def ready_messages_of(queue: str) -> int:
     connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
     try:
-        declared = connection.channel().queue_declare(f"delayq.q.{queue}", passive=True)
+        declared = connection.channel().queue_declare(ready_queue(queue), passive=True)
         return int(declared.method.message_count)
     finally:
         connection.close()

@@ -73,7 +73,7 @@ def test_jobs_due_in_a_second_run_on_time_among_a_thousand_due_in_an_hour(app: D
     assert latenesses[-1] < 30, latenesses[-10:]
 
 
-def test_a_worker_killed_mid_handler_runs_the_job_again(
+def test_a_worker_killed_mid_handler_runs_the_job_again_as_the_same_attempt(
     app: DelayQ, queue: str, tmp_path: Path
 ) -> None:
     record = tmp_path / "ran.txt"
@@ -103,7 +103,7 @@ def test_a_worker_killed_mid_handler_runs_the_job_again(
         first.wait(timeout=10)
         second = start()
         try:
-            assert wait_until(lambda: ["victim", "2"] in [r[:2] for r in runs()], timeout=30)
+            assert wait_until(lambda: len(runs()) == 2, timeout=30)
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=30) == 0
@@ -111,7 +111,9 @@ def test_a_worker_killed_mid_handler_runs_the_job_again(
         if first.poll() is None:
             first.kill()
             first.wait(timeout=10)
-    assert [r[:2] for r in runs()] == [["victim", "1"], ["victim", "2"]]
+    # The broker returned it when its worker died: a return, counted against max_returns,
+    # not an attempt (the store cannot tell whether the dead worker had started it).
+    assert [r[:2] for r in runs()] == [["victim", "1"], ["victim", "1"]]
 
 
 def test_connections_closed_under_a_running_worker_lose_no_job(app: DelayQ) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 pytest.importorskip("pika")
 
-from delayq.backends.rabbitmq._claims import judge
+from delayq.backends.rabbitmq._claims import Held, expired, judge
 from delayq.backends.rabbitmq._consumer import Delivery
 from delayq.backends.rabbitmq._message import JobMessage, decode, encode
 
@@ -24,32 +25,39 @@ MESSAGE = JobMessage(
 )
 
 
-def delivery(message: JobMessage | None, returns: int = 0) -> Delivery:
-    return Delivery(1, 1, b"?", returns, message, None if message else "ValueError: bad")
+def delivery(message: JobMessage | None, redelivered: bool = False) -> Delivery:
+    return Delivery(1, 1, b"?", redelivered, message, None if message else "ValueError: bad")
 
 
-@pytest.mark.parametrize(
-    ("attempts_before", "returns", "kind", "attempt"),
-    [
-        (0, 0, "run", 1),  # a first delivery
-        (1, 0, "run", 2),  # a retry's message carries the attempts before it
-        (0, 1, "run", 2),  # returned once (a killed worker): that counts as an attempt
-        (1, 1, "run", 3),
-        (0, 3, "bury", 0),  # returned more often than max_attempts: it keeps killing workers
-        (2, 1, "bury", 0),
-    ],
-)
-def test_attempts_count_the_earlier_attempts_and_the_broker_returns(
-    attempts_before: int, returns: int, kind: str, attempt: int
+@pytest.mark.parametrize("attempts_before", [0, 1, 4])
+def test_a_claim_is_the_attempt_after_those_the_message_carries(attempts_before: int) -> None:
+    verdict = judge(delivery(replace(MESSAGE, attempts=attempts_before, returns=3)))
+    assert (verdict.kind, verdict.attempts) == ("run", attempts_before + 1)
+
+
+@pytest.mark.parametrize(("returns_before", "kind"), [(0, "again"), (4, "again"), (5, "bury")])
+def test_a_returned_delivery_is_published_again_with_its_return_counted_never_an_attempt(
+    returns_before: int, kind: str
 ) -> None:
-    verdict = judge(delivery(replace(MESSAGE, attempts=attempts_before), returns))
-    assert verdict.kind == kind
-    if kind == "run":
-        assert verdict.attempts == attempt
-        assert (verdict.last_error is not None) == (returns > 0)
-    else:
-        assert verdict.message is not None and verdict.message.last_error is not None
-        assert "max_attempts=3" in verdict.message.last_error
+    message = replace(MESSAGE, attempts=2, returns=returns_before)
+    verdict = judge(delivery(message, redelivered=True), max_returns=5)
+    assert verdict.kind == kind and verdict.message is not None
+    assert verdict.message.returns == returns_before + 1
+    assert verdict.message.attempts == 2  # a return is never an attempt
+    assert verdict.message.last_error is not None
+    assert "max_returns=5" in verdict.message.last_error
+
+
+def test_a_copy_that_carries_more_returns_than_allowed_is_buried() -> None:
+    assert judge(delivery(replace(MESSAGE, returns=6)), max_returns=5).kind == "bury"
+
+
+@pytest.mark.parametrize(("attempt", "kind"), [(1, "again"), (2, "again"), (3, "bury")])
+def test_an_expired_lease_counts_its_attempt_and_buries_the_last(attempt: int, kind: str) -> None:
+    held = Held(delivery(MESSAGE), MESSAGE, attempt, 0.0)
+    verdict, message = expired(held)
+    assert verdict == kind and message.attempts == attempt
+    assert message.last_error is not None and "lease expired" in message.last_error
 
 
 def test_an_unreadable_body_is_buried_with_the_reason() -> None:
@@ -62,7 +70,27 @@ def test_a_delay_left_for_another_pass_is_passed_on() -> None:
     assert judge(delivery(replace(MESSAGE, more=5.0))).kind == "pass_on"
 
 
-def test_a_message_survives_encoding() -> None:
-    assert decode(encode(MESSAGE)) == MESSAGE
+def test_a_message_survives_encoding_with_a_fresh_instance_id() -> None:
+    decoded = decode(encode(MESSAGE))
+    assert replace(decoded, instance="") == MESSAGE and decoded.instance
+    assert decode(encode(decoded)).instance == decoded.instance
     with pytest.raises(ValueError):
-        decode(b'{"v": 2}')
+        decode(b'{"v": 3}')
+
+
+def test_non_ascii_text_is_carried_as_utf8_not_escaped() -> None:
+    text = "\u65e5\u672c" * 1000 + "\U0001f600" * 1000
+    body = encode(replace(MESSAGE, payload=json.dumps(text, ensure_ascii=False)))
+    assert len(body) < len(text.encode()) + 1000  # escaped, it would be 2.4 times as large
+
+
+@pytest.mark.parametrize(
+    "field", [("local", "1e308"), ("local", "NaN"), ("run_at", "Infinity"), ("more", "-Infinity")]
+)
+def test_a_body_with_a_number_out_of_range_is_unreadable(field: tuple[str, str]) -> None:
+    name, value = field
+    data = json.loads(encode(MESSAGE))
+    body = json.dumps(data).replace(f'"{name}": {json.dumps(data[name])}', f'"{name}": {value}')
+    assert value in body
+    with pytest.raises(ValueError):
+        decode(body.encode())

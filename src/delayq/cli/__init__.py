@@ -16,7 +16,7 @@ from __future__ import annotations
 import click
 
 from delayq.app import URL_ENV
-from delayq.cli import dead, demo, jobs, limits, recurring, worker
+from delayq.cli import dead, demo, jobs, limits, rabbitmq, recurring, worker
 from delayq.cli._common import _Settings
 from delayq.cli.bulk import schedule_many_command
 from delayq.cli.web import web
@@ -61,5 +61,6 @@ for _command in (
     schedule_many_command,
     recurring.recurring,
     limits.limits,
+    rabbitmq.rabbitmq,
 ):
     cli.add_command(_command)

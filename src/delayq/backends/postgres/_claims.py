@@ -42,6 +42,13 @@ __all__ = ["PostgresClaims"]
 
 _MAX_RECOVER = 1000  # expired leases returned per claim call at most
 _FINISH_KIND = {JobState.SUCCEEDED: "succeeded", JobState.SKIPPED: "skipped"}
+_RESULT_STATE = {  # the state each kind of completion leaves the job in
+    "succeeded": JobState.SUCCEEDED,
+    "skipped": JobState.SKIPPED,
+    "dead": JobState.DEAD,
+    "retry": JobState.SCHEDULED,
+    "release": JobState.SCHEDULED,
+}
 _NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 log = logging.getLogger("delayq.postgres")
@@ -130,6 +137,20 @@ class _Batch:
             if self.first[key] == i and row is not None and row[4]:
                 continue
             state = None if row is None or row[5] is None else JobState(row[5])
+            if (
+                self.first[key] == i
+                and row is not None
+                and row[6] == item.claim.token
+                and state is _RESULT_STATE.get(row[3])
+            ):
+                # This claim's result is what the row holds: a retry of a call whose
+                # reply was lost (refused as the contract says, but not "expired").
+                results[i] = StaleClaim(
+                    f"claim on job {item.claim.job.id!r} (token {item.claim.token}) was "
+                    f"already completed: the job is {row[5]} by this claim (a repeated "
+                    f"completion, e.g. a retry after a lost reply); nothing changed"
+                )
+                continue
             results[i] = stale_claim(item.claim, state, None if row is None else row[6])
         return results, earliest
 

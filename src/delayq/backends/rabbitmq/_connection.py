@@ -18,18 +18,50 @@ import pika
 import pika.exceptions
 
 from delayq.backends._common import check_queue_name
-from delayq.backends._urls import UrlOptions, mask, split_url
+from delayq.backends._urls import UrlOptions, flag, mask, split_url
 from delayq.backends.rabbitmq._topology import QueueType
-from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
+from delayq.errors import BackendError, BackendUnavailable, ConfigurationError, PayloadTooLarge
 
-__all__ = ["Settings", "connect", "map_errors", "mask"]
+__all__ = ["ConfirmTimeout", "Settings", "connect", "map_errors", "mask"]
 
-_URL_OPTIONS: dict[str, Callable[[str], Any]] = {"queue": str, "queue_type": str, "prefetch": int}
+_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "queue": str,
+    "queue_type": str,
+    "prefetch": int,
+    "max_returns": int,
+    "confirm_timeout": float,
+    "declare": str,
+    "allow_at_most_once": flag,
+}
 """Query parameters that are delayq options; every other one goes to pika."""
 DEFAULT_QUEUE = "default"
-DEFAULT_PREFETCH = 5000
-"""Deliveries a worker holds unacked: enough for every job due within the ~1 s that
-deliveries are held locally at several thousand jobs/s."""
+DEFAULT_MAX_RETURNS = 10
+DEFAULT_PREFETCH = 32
+"""Deliveries a worker holds unacked (due ones waiting for a handler slot, and those in
+their local wait of at most 32 ms): a few more than a worker's handler slots. Memory:
+at most ``prefetch`` bodies (a body is about its payload's size, 1 MiB at the default
+payload limit) plus their decoded payloads."""
+DEFAULT_CONFIRM_TIMEOUT = 30.0
+"""Seconds a publish waits for the broker's confirms before it fails (the job may or may
+not be stored)."""
+
+
+class ConfirmTimeout(Exception):
+    """The broker did not confirm ``count`` messages within ``timeout`` seconds."""
+
+    def __init__(self, count: int, timeout: float) -> None:
+        super().__init__(count, timeout)
+        self.count, self.timeout = count, timeout
+
+
+def _int_option(raw: object, field: str, low: int, high: int) -> int:
+    try:
+        value = int(str(raw))
+    except ValueError:
+        value = low - 1
+    if isinstance(raw, bool) or not low <= value <= high:
+        raise ConfigurationError(f"{field} must be an int in {low}..{high}, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,46 +73,59 @@ class Settings:
     vhost: str
     queue: str
     queue_type: QueueType
-    prefetch: int
+    prefetch: int = DEFAULT_PREFETCH
+    max_returns: int = DEFAULT_MAX_RETURNS
+    confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
+    declare: str = "auto"  # "auto" (declare what is missing) or "passive" (check only)
 
     @classmethod
-    def parse(
-        cls,
-        url: str,
-        *,
-        queue: str | None = None,
-        queue_type: str | None = None,
-        prefetch: int | None = None,
-    ) -> Settings:
+    def parse(cls, url: str, **options: Any) -> Settings:
         """Read ``amqp[s]://user:pass@host:port/vhost?queue=..&queue_type=..&prefetch=..``.
 
-        A keyword and a query option that disagree are an ``InvalidOption``
-        (``delayq.backends._urls``); other query options (``heartbeat``,
+        Keyword options (None means not given) and query options: the one rule
+        of ``delayq.backends._urls`` (the same option set to two values is an
+        ``InvalidOption``); other query options (``heartbeat``,
         ``connection_attempts`` ...) go to pika unchanged.
         """
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", "amqps"):
             raise ConfigurationError(f"RabbitMQBackend needs an amqp:// URL, got {mask(url)!r}")
+        unknown = sorted(set(options) - set(_URL_OPTIONS))
+        if unknown:
+            raise ConfigurationError(f"unknown RabbitMQ store option(s): {', '.join(unknown)}")
         rest_url, own = split_url(url, _URL_OPTIONS, store="RabbitMQ")
         given = UrlOptions(url, own, dict.fromkeys(_URL_OPTIONS))
-        chosen = given.pick("queue", queue)
-        chosen_queue = check_queue_name(DEFAULT_QUEUE if chosen is None else chosen)
-        kind = given.pick("queue_type", queue_type)
-        kind = "quorum" if kind is None else kind
+
+        def pick(name: str, default: Any) -> Any:
+            value = given.pick(name, options.get(name))
+            return default if value is None else value
+
+        chosen_queue = check_queue_name(pick("queue", DEFAULT_QUEUE))
+        kind = pick("queue_type", "quorum")
         if kind not in ("quorum", "classic"):
             raise ConfigurationError(f"queue_type must be 'quorum' or 'classic', got {kind!r}")
-        raw_prefetch: object = given.pick("prefetch", prefetch)
-        if raw_prefetch is None:
-            count = DEFAULT_PREFETCH
-        else:
-            try:
-                count = int(str(raw_prefetch))
-            except ValueError:
-                count = 0
-            if isinstance(raw_prefetch, bool) or not 1 <= count <= 65535:
-                raise ConfigurationError(
-                    f"prefetch must be an int in 1..65535, got {raw_prefetch!r}"
-                )
+        if kind == "classic" and pick("allow_at_most_once", False) is not True:
+            raise ConfigurationError(
+                "queue_type='classic' dead-letters between levels at most once (a job is lost "
+                "when a hop fails) and is not replicated; pass allow_at_most_once=true to "
+                "accept that, or use the default quorum queues"
+            )
+        prefetch = _int_option(pick("prefetch", DEFAULT_PREFETCH), "prefetch", 1, 65535)
+        max_returns = _int_option(
+            pick("max_returns", DEFAULT_MAX_RETURNS), "max_returns", 1, 10_000
+        )
+        raw_timeout = pick("confirm_timeout", DEFAULT_CONFIRM_TIMEOUT)
+        try:
+            timeout = float(str(raw_timeout))
+        except ValueError:
+            timeout = -1.0
+        if isinstance(raw_timeout, bool) or not 0.0 < timeout <= 3600.0:
+            raise ConfigurationError(
+                f"confirm_timeout must be seconds in (0, 3600], got {raw_timeout!r}"
+            )
+        declare = pick("declare", "auto")
+        if declare not in ("auto", "passive"):
+            raise ConfigurationError(f"declare must be 'auto' or 'passive', got {declare!r}")
         parts = urlsplit(rest_url)
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         vhost = unquote(path) if path else "/"
@@ -90,8 +135,11 @@ class Settings:
             pika_url=pika_url,
             vhost=vhost,
             queue=chosen_queue,
-            queue_type=kind,  # type: ignore[arg-type]
-            prefetch=count,
+            queue_type=kind,
+            prefetch=prefetch,
+            max_returns=max_returns,
+            confirm_timeout=timeout,
+            declare=str(declare),
         )
 
 
@@ -137,16 +185,40 @@ def map_errors(settings: Settings, action: str) -> Iterator[None]:
             f"{where} closed the connection while trying to {action}: {exc.reply_text}"
         ) from exc
     except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code == 406:
+        text = str(exc.reply_text)
+        if exc.reply_code == 406 and "message size" in text:
+            raise PayloadTooLarge(f"{where} refused to {action}: {text}") from exc
+        if exc.reply_code == 406 and "inequivalent arg" in text:
             raise ConfigurationError(
-                f"{where} refused to {action}: {exc.reply_text} (an exchange or queue of "
-                f"that name exists with other arguments, e.g. another queue_type)"
+                f"{where} refused to {action}: {text} (an exchange or queue of that name "
+                f"exists with other arguments, e.g. another queue_type)"
             ) from exc
-        raise BackendError(f"{where} failed to {action}: {exc.reply_text}") from exc
+        if exc.reply_code == 404:
+            raise ConfigurationError(
+                f"{where} refused to {action}: {text} (with declare=passive, run "
+                f"`delayq rabbitmq setup` first)"
+            ) from exc
+        if exc.reply_code == 403:
+            raise ConfigurationError(
+                f"{where} refused to {action}: {text} (the user lacks a permission; "
+                f"run `delayq rabbitmq setup` as one that has it and open the store "
+                f"with declare=passive)"
+            ) from exc
+        raise BackendError(f"{where} failed to {action}: {text}") from exc
     except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
         raise BackendError(
             f"{where} did not accept the message while trying to {action}: "
             f"{type(exc).__name__} (a queue of the topology is missing or full)"
+        ) from exc
+    except ConfirmTimeout as exc:
+        raise BackendUnavailable(
+            f"{where} did not confirm {exc.count} message(s) within {exc.timeout:g} s while "
+            f"trying to {action} (confirm_timeout): they may or may not be stored"
+        ) from exc
+    except pika.exceptions.ConnectionBlockedTimeout as exc:
+        raise BackendUnavailable(
+            f"{where} blocked publishing while trying to {action}: a resource alarm (memory "
+            f"or disk) is raised on the broker"
         ) from exc
     except pika.exceptions.AMQPConnectionError as exc:
         raise BackendUnavailable(

@@ -1,13 +1,18 @@
 """The consumer thread: deliveries held unacked until their local deadline, acks sent back.
 
+(One module of about 500 lines: everything that touches the consumer's channel
+runs on its I/O thread, and keeping that thread's code together keeps the
+threading rule checkable.)
+
 The broker pushes a message to the ready queue once its level TTLs have
-passed, which is ``local`` seconds (less than 1.024 s, see ``_topology.py``)
+passed, which is ``local`` seconds (less than 32 ms, see ``_topology.py``)
 before it is due. The consumer's I/O thread owns one connection and channel
 (``basic.qos`` prefetch bounds what it holds) and puts each delivery in a heap
 keyed by its local deadline: the delivery instant on this host's monotonic
 clock plus ``local``. Because the levels held the message for at least its
 broker part, and the local part is measured from the delivery, a job is never
-handed out early, whatever the hosts' wall clocks say.
+handed out early by the worker's clock (the levels' TTLs run on the broker
+nodes' clocks).
 
 Other threads never touch the channel: they take due deliveries from the heap
 (:meth:`Consumer.take_due`) and settle them (ack, or nack to requeue) with
@@ -17,15 +22,19 @@ Other threads never touch the channel: they take due deliveries from the heap
 When the connection is lost, every delivery it held goes back to the broker:
 the heap is emptied, the generation counter moves on (so claims taken under
 the old connection are stale), and the thread reconnects with a growing pause.
-An idle consumer only answers heartbeats.
+An idle consumer only answers heartbeats. The thread survives anything a
+delivery can do to it (a body that is not a delayq message is handed out to be
+buried), and it reconnects when the broker cancels its consumer (the queue was
+deleted or moved) or closes its channel (``consumer_timeout``); ``alive``
+says whether it is connected and consuming, for the worker's health.
 
 A busy worker must not sit on due jobs another worker could run: when a
 delivery has been due for ``HANDBACK`` seconds without a claim and the queue
 has another consumer, the consumer stops consuming and publishes everything it
 holds back to the ready queue (each copy keeping the local wait it had left),
-acking the originals; its next claim consumes again. Publishing a copy rather
-than returning the message keeps a quorum queue's delivery count, which counts
-attempts, unchanged.
+acking the originals; its next claim consumes again. A closing consumer does
+the same with what it holds unclaimed, so stopping costs those jobs nothing.
+Copies are published together and their confirms awaited together.
 """
 
 from __future__ import annotations
@@ -38,21 +47,23 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import pika
 import pika.exceptions
 
 from delayq.backends.rabbitmq._connection import Settings, connect
-from delayq.backends.rabbitmq._message import CONTENT_TYPE, JobMessage, decode, encode
-from delayq.backends.rabbitmq._topology import Topology, ready_key
+from delayq.backends.rabbitmq._message import JobMessage, decode, encode
+from delayq.backends.rabbitmq._publisher import Confirms, Outgoing
+from delayq.backends.rabbitmq._topology import Topology
 from delayq.clock import SYSTEM_CLOCK
-from delayq.errors import DelayqError
 
-__all__ = ["RETURNS", "Consumer", "Delivery"]
+__all__ = ["Adopted", "Consumer", "Delivery"]
 
-RETURNS = "x-delayq-returns"
-"""Header of a handed-back copy: the returns its original had counted."""
+Adopted = Literal["held", "ack", "release"] | Outgoing | None
+"""What became of a returned delivery that this process knows: a claim still running
+took it over, its claim had finished (ack it, or publish the retry / dead letter first),
+or was released; None when unknown (count the return)."""
 
 log = logging.getLogger("delayq.rabbitmq")
 
@@ -68,7 +79,7 @@ class Delivery:
     tag: int
     generation: int  # the connection it came on (tags are per channel)
     body: bytes
-    returns: int  # earlier deliveries that ended without an ack (a crash, a lost connection)
+    redelivered: bool  # the broker delivered it before (a worker stopped or disconnected)
     message: JobMessage | None  # None when the body cannot be read
     error: str | None = None  # why it cannot be read
     due: float = 0.0  # local deadline, monotonic seconds
@@ -89,16 +100,23 @@ class Consumer:
     due time, so due jobs are claimed in due order even when the broker delivered
     them in another (a retry published after a later job).
 
-    Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_ready``, ``_generation``,
+    Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_ready``, ``_returned``,
+    ``_generation``,
     ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused`` and
     ``_closed``.
     ``_generation`` and ``_channel`` change only on the I/O thread. No user
     code runs under the lock, and the I/O thread never waits for other threads.
     """
 
-    def __init__(self, settings: Settings, topology: Topology) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topology: Topology,
+        adopt: Callable[[Delivery], Adopted] | None = None,
+    ) -> None:
         self._settings = settings
         self._topology = topology
+        self._adopt = adopt  # called on the I/O thread, no lock held
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[float, int, Delivery]] = []  # (local deadline, seq, delivery)
         self._ready: list[tuple[float, int, Delivery]] = []  # (due time, seq, delivery)
@@ -110,7 +128,9 @@ class Consumer:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._stop_wait = threading.Event()
-        self._handback_channel: Any = None  # I/O thread only
+        self._handback: Confirms | None = None  # I/O thread only
+        self._cancelled = False  # I/O thread only: the broker cancelled the consumer
+        self._returned: list[Delivery] = []  # returned deliveries waiting for _recount
         self._consumer_tag = ""
         self._paused = False  # consuming stopped by a hand-back, until the next claim
         self.connected = threading.Event()
@@ -119,7 +139,7 @@ class Consumer:
     def start(self) -> None:
         """Start the I/O thread (idempotent)."""
         with self._cond:
-            if self._thread is not None or self._closed:
+            if self._closed or (self._thread is not None and self._thread.is_alive()):
                 return
             self._thread = threading.Thread(
                 target=self._run, name=f"delayq-rabbitmq-{self._settings.queue}", daemon=True
@@ -144,6 +164,13 @@ class Consumer:
             thread.join(timeout)
 
     @property
+    def alive(self) -> bool:
+        """The I/O thread runs, is connected and consumes (or paused by a hand-back)."""
+        with self._cond:
+            thread = self._thread
+        return thread is not None and thread.is_alive() and self.connected.is_set()
+
+    @property
     def generation(self) -> int:
         with self._cond:
             return self._generation
@@ -159,10 +186,10 @@ class Consumer:
                 connection = connect(self._settings, name="consumer")
                 channel = connection.channel()
                 channel.basic_qos(prefetch_count=self._settings.prefetch)
+                channel.add_on_cancel_callback(self._on_cancel)
+                self._cancelled = False
                 tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
-                handback = connection.channel()
-                handback.confirm_delivery()
-                self._handback_channel = handback
+                self._handback = Confirms(connection)
                 connection.call_later(HANDBACK, self._hand_back)
                 with self._cond:
                     self._generation += 1
@@ -170,14 +197,27 @@ class Consumer:
                     self._consumer_tag, self._paused = tag, False
                 self.connected.set()
                 pause = 0.1
-                while connection.is_open:
+                while connection.is_open and channel.is_open and not self._cancelled:
                     with self._cond:
                         if self._closed:
                             break
                     connection.process_data_events(time_limit=None)
-                if connection.is_open:
+                if self._cancelled:
+                    log.warning(
+                        "RabbitMQ cancelled the consumer of %s (its queue was deleted or "
+                        "moved); consuming again",
+                        self._settings.queue,
+                    )
+                elif not channel.is_open and connection.is_open:
+                    log.warning(
+                        "RabbitMQ closed the consumer channel of %s (consumer_timeout?); "
+                        "consuming again",
+                        self._settings.queue,
+                    )
+                elif connection.is_open:
                     self._give_back(channel)
-            except (pika.exceptions.AMQPError, OSError, DelayqError) as exc:
+                    connection.process_data_events(0)  # acks handed over before close
+            except Exception as exc:
                 with self._cond:
                     closed = self._closed
                 if not closed:
@@ -193,6 +233,9 @@ class Consumer:
                 return
             pause = min(5.0, pause * 2)
 
+    def _on_cancel(self, _frame: Any) -> None:
+        self._cancelled = True
+
     def _disconnected(self, connection: Any) -> None:
         """Forget every delivery of the lost connection (the broker returns them)."""
         self.connected.clear()
@@ -200,6 +243,7 @@ class Consumer:
             self._generation += 1
             self._heap.clear()
             self._ready.clear()
+            self._returned.clear()
             self._connection = self._channel = None
             self._wake_gen += 1
             self._cond.notify_all()
@@ -209,28 +253,68 @@ class Consumer:
 
     # -- I/O thread callbacks ----------------------------------------------------
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        headers = properties.headers or {}
-        count = headers.get("x-delivery-count")  # quorum queues count returns
-        returns = int(count) if isinstance(count, int) else (1 if method.redelivered else 0)
-        earlier = headers.get(RETURNS)  # returns before a hand-back (it restarts the count)
-        returns += int(earlier) if isinstance(earlier, int) else 0
         try:
             message: JobMessage | None = decode(body)
             error = None
-        except (ValueError, TypeError, KeyError) as exc:
-            message, error = None, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            message, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
         now = SYSTEM_CLOCK.monotonic()
         due = now + (message.local if message is not None else 0.0)
         with self._cond:
             delivery = Delivery(
-                method.delivery_tag, self._generation, body, returns, message, error, due
+                method.delivery_tag,
+                self._generation,
+                body,
+                bool(method.redelivered),
+                message,
+                error,
+                due,
             )
             delivery.seq = next(self._seq)
+            if delivery.redelivered and message is not None:
+                # Returned by the broker: count the return in a copy before anything
+                # else (so the count survives the next return), see _claims.py.
+                self._returned.append(delivery)
+                if len(self._returned) == 1:
+                    channel.connection.call_later(0, self._recount)
+                return
             first = not self._heap or due < self._heap[0][0]
             heapq.heappush(self._heap, (due, delivery.seq, delivery))
             if first:
                 self._wake_gen += 1
                 self._cond.notify_all()
+
+    def _recount(self) -> None:
+        """Publish the returned deliveries again with their return counted, then ack them;
+        except those this process still runs or finished on a lost connection (``adopt``:
+        they are not run twice, and their finish is not lost)."""
+        with self._cond:
+            channel, returned, self._returned = self._channel, self._returned, []
+        if channel is None or not returned:
+            return
+        count: list[Delivery] = []
+        finish: list[Outgoing] = []
+        finished: list[Delivery] = []
+        for delivery in returned:
+            verdict = self._adopt(delivery) if self._adopt is not None else None
+            if verdict is None:
+                count.append(delivery)
+            elif verdict == "release":
+                delivery.redelivered = False  # given back unstarted: no return to count
+                self.put_back(delivery)
+            elif verdict == "ack":
+                channel.basic_ack(delivery.tag)
+            elif isinstance(verdict, Outgoing):
+                finish.append(verdict)
+                finished.append(delivery)
+            # "held": a claim of this process took it over
+        if finish:
+            assert self._handback is not None
+            self._handback.send(finish, self._settings.confirm_timeout, set())
+            for delivery in finished:
+                channel.basic_ack(delivery.tag)
+        if count:
+            self._publish_back(channel, count, SYSTEM_CLOCK.monotonic())
 
     def _hand_back(self) -> None:
         """Pause consuming and publish back everything held, when a delivery has been due
@@ -252,39 +336,45 @@ class Consumer:
                 with self._cond:
                     self._paused = True
                     held = self._drain_locked()
-                for delivery in held:
-                    self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+                self._publish_back(channel, held, now)
         connection.call_later(HANDBACK / 2, self._hand_back)
 
-    def _publish_back(self, channel: Any, delivery: Delivery, local: float) -> None:
-        """A copy to the ready queue (``local`` seconds still to wait), then ack the original."""
-        if delivery.message is None:
-            channel.basic_nack(delivery.tag, requeue=True)  # a claim buries it
+    def _publish_back(self, channel: Any, held: list[Delivery], now: float) -> None:
+        """Copies to the ready queue (each with the local wait it had left; a returned one
+        with its return counted), published together, then ack the originals."""
+        copies: list[Outgoing] = []
+        originals: list[Delivery] = []
+        for delivery in held:
+            message = delivery.message
+            if message is None:
+                channel.basic_nack(delivery.tag, requeue=True)  # a claim buries it
+                continue
+            copy = replace(
+                message,
+                local=max(0.0, delivery.due - now),
+                returns=message.returns + (1 if delivery.redelivered else 0),
+                instance="",
+            )
+            copies.append(Outgoing("", self._topology.ready_queue, encode(copy), copy.id))
+            originals.append(delivery)
+        if not copies:
             return
-        headers = {RETURNS: delivery.returns} if delivery.returns else None
-        self._handback_channel.basic_publish(
-            self._topology.ready_exchange,
-            ready_key(self._topology),
-            encode(replace(delivery.message, local=local)),
-            pika.BasicProperties(
-                delivery_mode=2,
-                content_type=CONTENT_TYPE,
-                message_id=delivery.message.id,
-                headers=headers,
-            ),
-            mandatory=True,
-        )
-        channel.basic_ack(delivery.tag)
+        assert self._handback is not None
+        done: set[int] = set()
+        try:
+            self._handback.send(copies, self._settings.confirm_timeout, done)
+        finally:
+            for index in sorted(done):
+                channel.basic_ack(originals[index].tag)
 
     def _give_back(self, channel: Any) -> None:
         """On close: stop consuming and publish back what no claim took, each with the
-        local wait it had left, so a worker that stops costs those jobs no attempt."""
+        local wait it had left, so a worker that stops costs those jobs nothing."""
         channel.basic_cancel(self._consumer_tag)
         now = SYSTEM_CLOCK.monotonic()
         with self._cond:
             held = self._drain_locked()
-        for delivery in held:
-            self._publish_back(channel, delivery, max(0.0, delivery.due - now))
+        self._publish_back(channel, held, now)
 
     def _drain_locked(self) -> list[Delivery]:
         """Every delivery held and not claimed, taken out of both heaps (call locked)."""
@@ -361,6 +451,13 @@ class Consumer:
             self._cond.notify_all()
             return True
 
+    def _barrier_locked(self) -> float:
+        """The earliest due time among deliveries still in their local wait. A due
+        delivery due later than that waits for it (at most one local wait, under
+        32 ms), so a worker hands jobs out in due order even when a message that sat
+        in the ready queue serves its local wait again on delivery."""
+        return min((_due_time(entry[2]) for entry in self._heap), default=math.inf)
+
     def take_due(self, limit: int, now: float) -> list[Delivery]:
         """Up to ``limit`` deliveries whose local deadline passed by ``now`` (monotonic),
         earliest due time first."""
@@ -370,7 +467,8 @@ class Consumer:
             while heap and heap[0][0] <= now:
                 delivery = heapq.heappop(heap)[2]
                 heapq.heappush(ready, (_due_time(delivery), delivery.seq, delivery))
-            while ready and len(taken) < limit:
+            barrier = self._barrier_locked()
+            while ready and len(taken) < limit and ready[0][0] <= barrier:
                 taken.append(heapq.heappop(ready)[2])
         return taken
 
@@ -381,7 +479,7 @@ class Consumer:
         with self._cond:
             gen = self._wake_gen
             while not self._closed and self._wake_gen == gen:
-                if self._ready:
+                if self._ready and self._ready[0][0] <= self._barrier_locked():
                     return  # due deliveries a claim left for later
                 now = clock.monotonic()
                 until = deadline

@@ -1,8 +1,15 @@
-"""The RabbitMQ store's contract methods (the design is in the package docstring)."""
+"""The RabbitMQ store's contract methods (the design is in the package docstring).
+
+Longer than most modules: besides the contract it keeps the one table of claims
+this process holds (leases, the owner of each token, the finishes kept for a
+redelivery of the same message), and every method that reads or changes that
+table lives next to it.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import weakref
 from collections.abc import Sequence
@@ -22,15 +29,15 @@ from delayq.backends._common import (
     undecodable_error,
 )
 from delayq.backends.base import Completion
-from delayq.backends.rabbitmq._claims import Held, judge
+from delayq.backends.rabbitmq._claims import Held, expired, judge
 from delayq.backends.rabbitmq._connection import Settings
-from delayq.backends.rabbitmq._consumer import Consumer, Delivery
+from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
 from delayq.backends.rabbitmq._message import JobMessage, encode
 from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
 from delayq.backends.rabbitmq._topology import Topology, route
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import InvalidOption, QueueClosed, StaleClaim, Unsupported
+from delayq.errors import DelayqError, InvalidOption, QueueClosed, StaleClaim, Unsupported
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -46,11 +53,18 @@ from delayq.job import (
 
 __all__ = ["RabbitMQBackend"]
 
+log = logging.getLogger("delayq.rabbitmq")
+
 _TOKENS = itertools.count(1)
 """Fencing tokens, unique in the process, so any handle can tell whose claim it is given."""
 
 _OWNERS: weakref.WeakValueDictionary[int, RabbitMQBackend] = weakref.WeakValueDictionary()
 """token -> the handle holding that claim's delivery (an ack must go back on its channel)."""
+
+_FINISHED_FOR = 60.0
+"""Seconds a finish (or an ack) is kept for a redelivery of its message."""
+_FINISHED_KEEP = 20_000
+"""At most this many kept (the oldest go first): a few seconds of acks at full speed."""
 
 _NO_INDEX = (
     "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
@@ -74,18 +88,34 @@ class RabbitMQBackend(CompletesInBatches):
         queue: str | None = None,
         queue_type: str | None = None,
         prefetch: int | None = None,
+        max_returns: int | None = None,
+        confirm_timeout: float | None = None,
+        declare: str | None = None,
+        allow_at_most_once: bool | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._settings = Settings.parse(url, queue=queue, queue_type=queue_type, prefetch=prefetch)
+        self._settings = Settings.parse(
+            url,
+            queue=queue,
+            queue_type=queue_type,
+            prefetch=prefetch,
+            max_returns=max_returns,
+            confirm_timeout=confirm_timeout,
+            declare=declare,
+            allow_at_most_once=allow_at_most_once,
+        )
         self.url = self._settings.url
         self.queue = self._settings.queue
         self._clock = clock
         self._topology = Topology(self._settings.queue, self._settings.queue_type)
         self._publisher = Publisher(self._settings, self._topology)
-        self._consumer = Consumer(self._settings, self._topology)
-        self._dead = DeadLetters(self._publisher, self._topology.dead_queue)
+        self._consumer = Consumer(self._settings, self._topology, self._adopt)
+        self._dead = DeadLetters(self._settings, self._topology)
         self._lock = threading.Lock()
         self._held: dict[int, Held] = {}
+        # instance -> (what its finish needs, monotonic expiry): claims finished after
+        # their connection was lost, for the broker's redelivery of the same message.
+        self._finished: dict[str, tuple[Adopted, float]] = {}
         self._closed = False
         self._publisher.open()  # a wrong URL, password or vhost fails here, not later
 
@@ -104,7 +134,7 @@ class RabbitMQBackend(CompletesInBatches):
 
     def _outgoing(self, message: JobMessage, delay: float) -> Outgoing:
         r = route(self._topology, delay)
-        body = encode(replace(message, local=r.local, more=r.more))
+        body = encode(replace(message, local=r.local, more=r.more, instance=""))
         return Outgoing(r.exchange, r.routing_key, body, message.id)
 
     def _buried(self, message: JobMessage | None, body: bytes = b"", error: str = "") -> Outgoing:
@@ -113,7 +143,8 @@ class RabbitMQBackend(CompletesInBatches):
         if message is None:
             headers[ERROR] = error
             return Outgoing("", self._topology.dead_queue, body, "?", headers)
-        return Outgoing("", self._topology.dead_queue, encode(message), message.id, headers)
+        body = encode(replace(message, instance=""))
+        return Outgoing("", self._topology.dead_queue, body, message.id, headers)
 
     def _unsupported(self, what: str) -> Unsupported:
         return Unsupported(_NO_INDEX.format(what=what))
@@ -169,20 +200,37 @@ class RabbitMQBackend(CompletesInBatches):
         self._consumer.start()
         self._consumer.resume()
         mono = SYSTEM_CLOCK.monotonic()
+        generation = self._consumer.generation
         with self._lock:
-            expired = [t for t, h in self._held.items() if h.lease_mono <= mono]
-            returned = [(self._held.pop(t).delivery, True) for t in expired]
-        for token in expired:
+            expired_tokens = [t for t, h in self._held.items() if h.lease_mono <= mono]
+            lapsed = [self._held.pop(t) for t in expired_tokens]
+        for token in expired_tokens:
             _OWNERS.pop(token, None)
-        self._consumer.settle(returned)  # back to the broker, to any worker
         wall = self._clock.time()
         claims: list[Claim] = []
-        burials: list[tuple[Delivery, Outgoing]] = []  # also delays passed on (more > 0)
+        # Messages to publish before their deliveries are acked: dead letters, the rest
+        # of a long delay, returned deliveries with their return counted, expired leases.
+        burials: list[tuple[Delivery, Outgoing]] = []
+        for held in lapsed:
+            if held.delivery.generation != generation:
+                continue  # its connection is gone: the broker has returned it already
+            kind, again = expired(held)
+            out = self._buried(again) if kind == "bury" else self._outgoing(again, 0.0)
+            burials.append((held.delivery, out))
         for delivery in self._consumer.take_due(limit, mono):
-            verdict = judge(delivery)
+            verdict = judge(delivery, self._settings.max_returns, wall)
             message = verdict.message
-            if verdict.kind == "pass_on":
-                # The levels held it at least one pass: the rest is relative to now.
+            if verdict.error and verdict.kind == "pass_on":
+                log.warning(
+                    "RabbitMQ delivered job %r %s of its due time by this host's clock (a "
+                    "message-ttl policy on delayq's queues, or clocks that disagree): "
+                    "delayed again",
+                    delivery.message.id if delivery.message else "?",
+                    verdict.error.replace("early by", "ahead"),
+                )
+            if verdict.kind in ("pass_on", "again"):
+                # pass_on: the levels held it at least one pass, the rest is relative to
+                # now; again: a returned delivery, published with its return counted.
                 assert message is not None
                 burials.append((delivery, self._outgoing(message, message.more)))
                 continue
@@ -198,7 +246,7 @@ class RabbitMQBackend(CompletesInBatches):
                     lease_until=wall + lease,
                     last_error=verdict.last_error,
                 )
-            except (ValueError, TypeError) as exc:
+            except Exception as exc:
                 dead = replace(message, last_error=undecodable_error(exc))
                 burials.append((delivery, self._buried(dead)))
                 continue
@@ -212,9 +260,11 @@ class RabbitMQBackend(CompletesInBatches):
             try:
                 self._publisher.publish([o for _, o in burials], "bury or pass on a job")
             except BaseException:
-                self._consumer.settle([(d, True) for d, _ in burials])  # back to the queue
+                for delivery, _ in burials:  # still held: the next claim tries again
+                    self._consumer.put_back(delivery)
                 raise
             self._consumer.settle([(d, False) for d, _ in burials])
+            self._acked([d for d, _ in burials])
         return claims
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -242,6 +292,42 @@ class RabbitMQBackend(CompletesInBatches):
                 results[i] = answer
         return results
 
+    def _adopt(self, delivery: Delivery) -> Adopted:
+        """A delivery the broker returned: is it a message this process runs (its claim
+        came on a lost connection: the claim takes the new delivery over) or finished?"""
+        instance = delivery.message.instance if delivery.message is not None else ""
+        if not instance:
+            return None
+        with self._lock:
+            for held in self._held.values():
+                if held.message.instance == instance and (
+                    held.delivery.generation != delivery.generation
+                ):
+                    held.delivery = delivery
+                    return "held"
+            finished = self._finished.pop(instance, None)
+        return None if finished is None else finished[0]
+
+    def _remember(self, instance: str, outcome: Adopted) -> None:
+        """Keep what a redelivery of ``instance`` should become: the finish of a claim
+        whose connection was lost, or "ack" for a message acked (an ack can be lost
+        with its connection; then the broker delivers it again) (call locked)."""
+        if not instance:
+            return
+        now = SYSTEM_CLOCK.monotonic()
+        if len(self._finished) >= _FINISHED_KEEP:
+            for key in [k for k, (_, until) in self._finished.items() if until <= now]:
+                del self._finished[key]
+            while len(self._finished) >= _FINISHED_KEEP:
+                del self._finished[next(iter(self._finished))]
+        self._finished[instance] = (outcome, now + _FINISHED_FOR)
+
+    def _acked(self, deliveries: Sequence[Delivery]) -> None:
+        with self._lock:
+            for delivery in deliveries:
+                if delivery.message is not None:
+                    self._remember(delivery.message.instance, "ack")
+
     def _owner(self, claim: Claim) -> RabbitMQBackend:
         """The handle of this process holding ``claim`` (self when none does)."""
         with self._lock:
@@ -254,28 +340,32 @@ class RabbitMQBackend(CompletesInBatches):
         generation = self._consumer.generation
         results: list[StaleClaim | None] = []
         taken: list[tuple[int, Held]] = []
+        lost: list[tuple[Completion, Held]] = []
         with self._lock:
             for item in items:
                 held = self._held.pop(item.claim.token, None)
                 _OWNERS.pop(item.claim.token, None)
                 if held is None or held.delivery.generation != generation:
                     results.append(self._stale(item.claim))
+                    if held is not None:
+                        lost.append((item, held))
                     continue
                 results.append(None)
                 taken.append((len(results) - 1, held))
-        outgoing: list[Outgoing] = []
         now = self._clock.time()
+        for item, held in lost:  # the broker returns it: its redelivery gets this finish
+            finish = self._finish(item, held, now)
+            outcome: Adopted = "release" if item.released else ("ack" if finish is None else finish)
+            with self._lock:
+                self._remember(held.message.instance, outcome)
+        outgoing: list[Outgoing] = []
         for index, held in taken:
             item = items[index]
-            message = replace(held.message, attempts=held.attempts)
             if item.released:
                 continue  # the delivery goes back to this worker's heap, below
-            if item.state is JobState.SCHEDULED:
-                assert item.run_at is not None
-                again = replace(message, run_at=item.run_at, last_error=item.error)
-                outgoing.append(self._outgoing(again, item.run_at - now))
-            elif item.state is JobState.DEAD:
-                outgoing.append(self._buried(replace(message, last_error=item.error)))
+            finish = self._finish(item, held, now)
+            if finish is not None:
+                outgoing.append(finish)
         try:
             self._publisher.publish(outgoing, "finish a job")
         except BaseException:
@@ -286,6 +376,7 @@ class RabbitMQBackend(CompletesInBatches):
             raise
         acked = [(i, h) for i, h in taken if not items[i].released]
         done = self._consumer.settle([(held.delivery, False) for _, held in acked])
+        self._acked([held.delivery for _, held in acked])
         for index, held in taken:
             if items[index].released:
                 # Unstarted: back in the heap at its own deadline (its place in the due
@@ -297,6 +388,17 @@ class RabbitMQBackend(CompletesInBatches):
             if not ok:
                 results[index] = self._stale(items[index].claim)
         return results
+
+    def _finish(self, item: Completion, held: Held, now: float) -> Outgoing | None:
+        """The message a finish publishes before its ack (a retry, a dead letter), if any."""
+        message = replace(held.message, attempts=held.attempts)
+        if item.state is JobState.SCHEDULED and not item.released:
+            assert item.run_at is not None
+            again = replace(message, run_at=item.run_at, last_error=item.error)
+            return self._outgoing(again, item.run_at - now)
+        if item.state is JobState.DEAD:
+            return self._buried(replace(message, last_error=item.error))
+        return None
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
@@ -385,13 +487,35 @@ class RabbitMQBackend(CompletesInBatches):
         return self._dead.purge(ids, cutoff)
 
     def close(self) -> None:
-        """Stop consuming (held deliveries return to the broker) and close the connections."""
+        """Stop consuming and close the connections.
+
+        Claims not finished may have started: each is published again with its
+        attempt counted (as an expired lease would be), then acked; what the
+        consumer held unclaimed is given back unchanged (``Consumer.close``). If
+        that fails, the broker returns them when the connection closes (counted
+        as returns, not attempts).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             for token in self._held:
                 _OWNERS.pop(token, None)
+            unfinished = list(self._held.values())
             self._held.clear()
+        generation = self._consumer.generation
+        unfinished = [h for h in unfinished if h.delivery.generation == generation]
+        if unfinished:
+            copies = []
+            for held in unfinished:
+                kind, again = expired(held)
+                copies.append(self._buried(again) if kind == "bury" else self._outgoing(again, 0))
+            try:
+                self._publisher.publish(copies, "give back unfinished claims")
+            except DelayqError:
+                log.warning("could not give back %d unfinished claims", len(copies), exc_info=True)
+            else:
+                self._consumer.settle([(h.delivery, False) for h in unfinished])
         self._consumer.close()
         self._publisher.close()
+        self._dead.close()
