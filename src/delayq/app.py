@@ -296,9 +296,10 @@ class DelayQ(JobBuilder, AppLimits):
         gives an :class:`~delayq.job.EnqueueOutcome` (``CREATED``, ``KEPT``,
         ``REPLACED``).
 
-        ``misfire`` decides what happens when the job is claimed late:
-        ``"run"`` (the default) runs it however late; ``"skip"`` skips it when it
-        is claimed more than 1 second after its due time *for any reason*, so it
+        ``misfire`` decides what happens when the job starts late:
+        ``"run"`` (the default) runs it however late; ``"skip"`` skips it when its
+        handler would start more than 1 second after its due time *for any reason*
+        (a wait for a free slot after the claim included), so it
         also skips jobs that are late only because the workers are busy (a
         backlog), not just after downtime; a number of seconds (``misfire=300``)
         skips only jobs later than that, which is the way to skip what piled up

@@ -7,6 +7,7 @@ are wall-clock epoch seconds on the deciding clock (the backend's).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -136,12 +137,12 @@ class EnqueueOutcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Misfire:
-    """What to do with a job found overdue (after downtime) when claimed.
+    """What to do with a job found overdue (after downtime) when its handler would start.
 
     ``Misfire.parse("run")`` always runs it, ``"skip"`` never runs an overdue
     job, and a number of seconds (or ``"grace:30"``) runs it only if it is at
-    most that late. A job counts as overdue when it is claimed more than
-    ``grace`` seconds after its due time; ``"skip"`` uses a 1-second grace so
+    most that late. A job counts as overdue when its handler would start more
+    than ``grace`` seconds after its due time; ``"skip"`` uses a 1-second grace so
     ordinary scheduling latency never skips a job.
     """
 
@@ -299,8 +300,11 @@ class JobContext:
     """What a handler knows about the run it is part of.
 
     ``id`` is the idempotency key: at-least-once delivery means a handler may
-    see the same id again (after a crash or an expired lease). Times are epoch
-    seconds on the backend's clock.
+    see the same id again (after a crash or an expired lease). ``token`` is the
+    claim's fencing token (it only grows), for a handler that fences its own
+    side effects (store it with the write, refuse writes with a smaller one);
+    ``lease_lost`` is set when the lease is gone (an async handler is then
+    cancelled). Times are epoch seconds on the backend's clock.
     """
 
     id: str
@@ -311,6 +315,11 @@ class JobContext:
     claimed_at: float  # when this attempt was claimed
     lease_until: float
     created_at: float
+    token: int = 0  # the claim's fencing token: fence side effects with it
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    """Set when the worker lost this attempt's lease (a renewal was refused, or the
+    lease ran out with no renewal): another worker may run the job now, and the
+    result will not be recorded. Check it before a side effect, or wait on it."""
 
     @property
     def lateness(self) -> float:

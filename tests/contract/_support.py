@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from delayq.job import JobSpec
+from delayq.backends.base import Backend
+from delayq.job import Claim, JobSpec
 
 
 def spec(
@@ -27,3 +28,13 @@ def spec(
         max_attempts=max_attempts,
         created_at=created_at,
     )
+
+
+def started(backend: Backend, claim: Claim, lease: float) -> Claim:
+    """Record that ``claim``'s handler started (a store with ``attempt_at_start``;
+    others count the attempt at the claim anyway): its lease renewed to ``lease``."""
+    if "attempt_at_start" not in backend.features:
+        return claim
+    [answer] = backend.extend_many([claim], lease, started={claim.token})
+    assert isinstance(answer, Claim), answer
+    return answer

@@ -15,7 +15,7 @@ from delayq.backends.base import Backend
 from delayq.errors import InvalidOption, JobConflict, QueueClosed, StaleClaim
 from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._support import spec
+from tests.contract._support import spec, started
 
 needs_clock = pytest.mark.backend_features("clock")
 
@@ -253,7 +253,7 @@ def test_an_expired_lease_returns_the_job_with_a_fresh_token(
 ) -> None:
     t0 = clock.time()
     backend.enqueue([spec("crashy", t0, max_attempts=3)])
-    first = claim_one(backend, t0, lease=10)
+    first = started(backend, claim_one(backend, t0, lease=10), 10)
     second = claim_one(backend, t0 + 10)
     assert second.job.id == "crashy"
     assert second.token > first.token
@@ -266,8 +266,9 @@ def test_expired_lease_with_attempts_used_up_buries_the_job(
 ) -> None:
     t0 = clock.time()
     backend.enqueue([spec("doomed", t0, max_attempts=2)])
-    claim_one(backend, t0, lease=10)
-    claim_one(backend, t0 + 10, lease=10)
+    started(backend, claim_one(backend, t0, lease=10), 10)
+    clock.advance(10)
+    started(backend, claim_one(backend, t0 + 10, lease=10), 10)
     assert claim_all(backend, t0 + 20) == []
     job = backend.get("doomed")
     assert job is not None and job.state is JobState.DEAD

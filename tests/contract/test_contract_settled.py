@@ -13,7 +13,7 @@ import pytest
 from delayq.backends.base import Backend
 from delayq.job import CancelOutcome, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._support import spec
+from tests.contract._support import spec, started
 
 pytestmark = pytest.mark.backend_features("definite_cancel")
 
@@ -26,6 +26,7 @@ def test_cancel_of_a_job_whose_lease_expired_takes_effect_and_says_an_attempt_st
     t0 = clock.time()
     backend.enqueue([spec("j", t0)])
     [claim] = backend.claim(limit=1, lease=LEASE, now=t0)
+    claim = started(backend, claim, LEASE)
     assert backend.cancel("j") is CancelOutcome.RUNNING  # the lease is live
     clock.advance(LEASE + 1)
     outcome = backend.cancel("j")
@@ -43,7 +44,7 @@ def test_reschedule_of_a_job_whose_lease_expired_moves_it_and_says_an_attempt_st
 ) -> None:
     t0 = clock.time()
     backend.enqueue([spec("j", t0)])
-    backend.claim(limit=1, lease=LEASE, now=t0)
+    started(backend, backend.claim(limit=1, lease=LEASE, now=t0)[0], LEASE)
     clock.advance(LEASE + 1)
     later = clock.time() + 100
     assert backend.reschedule("j", later) is RescheduleOutcome.RESCHEDULED_AFTER_ATTEMPT
@@ -59,7 +60,7 @@ def test_an_expired_lease_on_the_last_attempt_is_dead_so_cancel_says_finished(
 ) -> None:
     t0 = clock.time()
     backend.enqueue([spec("j", t0, max_attempts=1)])
-    backend.claim(limit=1, lease=LEASE, now=t0)
+    started(backend, backend.claim(limit=1, lease=LEASE, now=t0)[0], LEASE)
     clock.advance(LEASE + 1)
     assert backend.cancel("j") is CancelOutcome.FINISHED
     job = backend.get("j")

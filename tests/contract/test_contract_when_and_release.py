@@ -6,6 +6,8 @@ clock; a producer with another (skewed) clock must not move a relative delay.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from delayq import DelayQ
@@ -20,7 +22,7 @@ from delayq.errors import (
 )
 from delayq.job import JobSpec, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
-from tests.contract._support import spec
+from tests.contract._support import spec, started
 
 LEASE = 30.0
 
@@ -193,6 +195,7 @@ def test_release_of_a_stale_claim_raises_and_changes_nothing(
     t0 = clock.time()
     backend.enqueue([spec("s", t0)])
     [old] = backend.claim(limit=1, lease=1.0, now=t0)
+    old = started(backend, old, 1.0)
     [new] = backend.claim(limit=1, lease=LEASE, now=t0 + 2)  # the lease expired
     with pytest.raises(StaleClaim):
         backend.release(old)
@@ -212,11 +215,17 @@ def test_release_is_a_completion_of_a_batch(backend: Backend, clock: FakeClock) 
     assert r2_job is not None and r2_job.state is JobState.SUCCEEDED
 
 
-def test_a_release_completion_takes_no_run_at_or_error() -> None:
-    with pytest.raises(InvalidOption):
-        Completion(None, JobState.SCHEDULED, run_at=1.0, released=True)  # type: ignore[arg-type]
+def test_a_release_completion_takes_only_a_due_time_and_a_note() -> None:
     with pytest.raises(InvalidOption):
         Completion(None, JobState.DEAD, error="x", released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        Completion(None, JobState.SCHEDULED, outcome="x", released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDelay):
+        Completion(None, JobState.SCHEDULED, run_at=math.nan, released=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        Completion(None, JobState.SCHEDULED, error=5, released=True)  # type: ignore[arg-type]
+    ok = Completion(None, JobState.SCHEDULED, run_at=1, error="n", released=True)  # type: ignore[arg-type]
+    assert (ok.run_at, ok.error) == (1.0, "n")
 
 
 def test_a_released_job_is_due_again_at_once(backend: Backend, clock: FakeClock) -> None:

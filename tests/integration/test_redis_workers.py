@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from delayq.backends.redis import RedisBackend
+from delayq.backends.redis import DEFAULT_QUEUE, RedisBackend, queue_keys
 from delayq.backends.redis._store import DEFAULT_MAX_FINISHED
 from delayq.job import JobSpec, JobState
 from tests._util import wait_until
@@ -149,6 +149,10 @@ def test_a_job_whose_worker_is_killed_mid_handler_runs_again_after_its_lease(
     backend.enqueue([job("slow", server_time(backend), {"sleep_first": 60})])
     first = start_worker("--lease", "1.0")
     assert wait_until(lambda: len(runs(client, prefix)) == 1, timeout=20)
+    # Killed once the store knows its handler started (reported within lease / 10):
+    # the lease that runs out then is an attempt (a start never recorded would not be).
+    key = queue_keys(prefix, DEFAULT_QUEUE)["job:"] + "slow"
+    assert wait_until(lambda: client.hget(key, "started") is not None, timeout=20)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
     killed_at = server_time(backend)

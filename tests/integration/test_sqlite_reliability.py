@@ -163,6 +163,13 @@ def test_a_job_killed_mid_handler_runs_again_after_its_lease(
         job_id = app.schedule("hang-first-attempt", {"n": 1}, delay=0, job_id="the-job")
     first = children.worker(url, side, lease=1.0)
     assert wait_until(lambda: f"start {job_id} 1" in lines(side), 30), children.logs()
+
+    def start_recorded() -> bool:  # reported within lease / 10: the expiry is then an attempt
+        with sqlite3.connect(tmp_path / "jobs.db") as db:
+            row = db.execute("SELECT started FROM delayq_jobs WHERE id = ?", (job_id,)).fetchone()
+        return bool(row and row[0])
+
+    assert wait_until(start_recorded, 30), children.logs()
     first.send_signal(signal.SIGKILL)
     assert first.wait(10) == -signal.SIGKILL
 

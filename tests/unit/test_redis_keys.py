@@ -96,3 +96,23 @@ def test_a_password_in_the_query_is_masked_too() -> None:
     masked = mask("redis://h:6379/0?password=s3cret&queue=q&sentinel_password=x2")
     assert "s3cret" not in masked and "x2" not in masked
     assert "password=***" in masked and "queue=q" in masked
+
+
+def test_redis_calls_are_bounded_by_a_socket_timeout_unless_the_url_sets_one() -> None:
+    from delayq.backends.redis._connection import CALL_TIMEOUT, Connection  # noqa: PLC0415
+
+    plain = Connection("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0", {}, anchor="k")
+    kwargs = plain.client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == CALL_TIMEOUT < 30.0 / 3  # under a third of the lease
+    assert kwargs["socket_connect_timeout"] == CALL_TIMEOUT
+    own = Connection(
+        "redis://127.0.0.1:6379/0?socket_timeout=2", "redis://127.0.0.1:6379/0", {}, anchor="k"
+    )
+    assert own.client.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+
+
+def test_the_scripts_bury_after_as_many_unstarted_expiries_as_the_other_stores() -> None:
+    from delayq.backends._common import MAX_UNSTARTED  # noqa: PLC0415
+
+    lib = resources.files("delayq.backends.redis").joinpath("lua", "_lib.lua").read_text()
+    assert f"local MAX_UNSTARTED = {MAX_UNSTARTED}\n" in lib

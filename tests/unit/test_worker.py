@@ -13,7 +13,7 @@ import gc
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -323,9 +323,9 @@ def test_a_long_handler_keeps_its_lease_by_renewing_it(h: Harness) -> None:
     h.start()
     assert started.wait(TIMEOUT)
     for _ in range(10):  # 15 s: five leases' worth
-        h.asleep()
+        h.asleep(2)  # the dispatcher and the lease keeper
         h.clock.advance(1.5)
-    h.asleep()
+    h.asleep(2)
     job = h.job(job_id)
     assert job.state is JobState.RUNNING and job.attempts == 1
     assert job.lease_until >= h.clock.time()
@@ -476,14 +476,30 @@ def test_a_store_error_while_waiting_for_due_jobs_is_logged_and_the_worker_goes_
 class _StaleExtend(MemoryBackend):
     """A store that refuses every lease renewal as stale."""
 
+    extends = 0
+
     def extend(self, claim: Claim, lease: float) -> Claim:
+        self.extends += 1
         raise StaleClaim(f"token {claim.token} of job {claim.job.id} is stale")
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        answers: list[Claim | StaleClaim] = []
+        for claim in claims:
+            try:
+                answers.append(self.extend(claim, lease))
+            except StaleClaim as exc:
+                answers.append(exc)
+        return answers
 
 
 def test_a_lost_lease_is_logged_and_the_worker_sleeps_instead_of_spinning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     h = Harness(_StaleExtend, lease=3.0)
+    backend = h.backend
+    assert isinstance(backend, _StaleExtend)
     release = threading.Event()
     started = threading.Event()
     h.app.register("long", lambda p: (started.set(), release.wait(TIMEOUT)))
@@ -491,10 +507,13 @@ def test_a_lost_lease_is_logged_and_the_worker_sleeps_instead_of_spinning(
     try:
         h.start()
         assert started.wait(TIMEOUT)
-        h.asleep()
+        h.asleep(2)  # the dispatcher and the lease keeper
         h.clock.advance(1.5)  # renewal due: refused
-        h.asleep()  # back asleep on the clock, not busy-looping
-        assert "lost the lease of job" in caplog.text
+        assert wait_until(lambda: "lost the lease of job" in caplog.text, TIMEOUT)
+        h.asleep()
+        h.clock.advance(1.4)  # nothing left to renew: no second call (the lease ends at 3 s)
+        h.asleep()
+        assert backend.extends == 1
         release.set()
         assert h.next_result().outcome == "succeeded"
     finally:
@@ -579,12 +598,13 @@ def test_stop_abandons_a_handler_still_running_after_the_grace_period(h: Harness
     h.clock.advance(5)
     assert worker.join(TIMEOUT)
     job = h.job(job_id)
-    assert job.state is JobState.RUNNING  # its lease runs out; another worker runs it
+    # Handed back with its attempt before the worker returned: another worker runs it.
+    assert (job.state, job.attempts) == (JobState.SCHEDULED, 0)
     release.set()
     threads[0].join(TIMEOUT)  # the abandoned handler returned and its thread is done
     assert not threads[0].is_alive()
     assert h.results.empty()  # its late result is neither recorded nor reported
-    assert h.job(job_id).state is JobState.RUNNING
+    assert h.job(job_id).state is JobState.SCHEDULED
 
 
 class _StopOnClaim(MemoryBackend):

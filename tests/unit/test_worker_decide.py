@@ -66,16 +66,22 @@ def claim(
             Decision("dead", error="boom"),
         ),
         (
-            "overdue beyond misfire skip is skipped",
-            {"claimed_at": T0 + 300, "misfire": "skip"},
+            "overdue at its start beyond misfire skip is skipped, however early the claim",
+            {"claimed_at": T0 + 0.5, "misfire": "skip"},
             {"ran": False},
-            Decision("skipped", note="skipped: 300.000s late (misfire policy skip)"),
+            Decision("skipped", note="skipped: 10.000s late (misfire policy skip)"),
         ),
         (
-            "within the misfire grace it runs",
-            {"claimed_at": T0 + 3, "misfire": "grace:5.0"},
+            "within the misfire grace at its start it runs",
+            {"claimed_at": T0 + 3, "misfire": "grace:15.0"},
             {"ran": False},
             None,
+        ),
+        (
+            "a success is noted late by its start, not by its claim",
+            {"claimed_at": T0},
+            {"ran": True, "started_at": T0 + 4},
+            Decision("succeeded", note="ran 4.000s late (misfire policy run)"),
         ),
     ],
 )
@@ -158,3 +164,12 @@ def test_decide_does_not_change_the_claim() -> None:
     before = replace(c)
     decide(c, T0, ran=True, error="boom")
     assert c == before
+
+
+def test_an_unknown_handler_is_handed_back_with_its_attempt_where_the_store_can() -> None:
+    d = decide(claim(attempt=3), T0, ran=False, handler_known=False, keep_attempt=True)
+    assert d is not None and d.outcome == "retried" and d.keep_attempt
+    assert d.retry_at == T0 + 5  # the job's backoff still paces the hand-backs
+    completion = d.completion(claim(attempt=3))
+    assert completion.released and completion.run_at == T0 + 5
+    assert "UnknownHandler" in (completion.error or "")

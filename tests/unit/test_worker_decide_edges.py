@@ -78,7 +78,8 @@ def test_an_unknown_handler_first_seen_later_than_due_counts_from_the_due_time()
 
 def test_a_skip_note_names_the_policy_as_written_back() -> None:
     d = decide(claim(claimed_at=T0 + 7, misfire="grace:5"), T0 + 10, ran=False)
-    assert d == Decision("skipped", note="skipped: 7.000s late (misfire policy grace:5.0)")
+    # Judged when the handler would start (now), not at the claim.
+    assert d == Decision("skipped", note="skipped: 10.000s late (misfire policy grace:5.0)")
 
 
 def test_a_misfire_policy_that_cannot_be_read_names_the_parse_error() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -93,6 +93,11 @@ class _NoRenewals(MemoryBackend):
     def extend(self, claim: Claim, lease: float) -> Claim:
         raise BackendUnavailable("paused")
 
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        raise BackendUnavailable("paused")
+
 
 def test_a_claim_whose_lease_ran_out_before_its_handler_started_is_handed_back(
     caplog: pytest.LogCaptureFixture,
@@ -132,38 +137,80 @@ def test_a_claim_whose_lease_ran_out_before_its_handler_started_is_handed_back(
 
 
 # -- timeouts ---------------------------------------------------------------------------
-def test_a_sync_handler_past_its_timeout_is_retried_and_its_slot_freed(
+def test_a_sync_handler_past_its_timeout_frees_its_slot_and_is_retried_once_its_thread_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    h = Harness(concurrency=1, prefetch=0)
+    h = Harness(concurrency=1, prefetch=0, max_abandoned=4)
     release = threading.Event()
-    started = threading.Event()
+    starts: list[int] = []
 
     @h.app.handler("slow", timeout=5)
-    def slow(payload: Any) -> None:
-        started.set()
+    def slow(payload: Any, ctx: JobContext) -> None:
+        starts.append(ctx.attempt)
         release.wait(TIMEOUT)
 
     h.app.register("fast", lambda p: None)
     slow_id = h.app.schedule("slow", delay=0, backoff=[10])
     try:
         worker = h.start()
-        assert started.wait(TIMEOUT)
-        h.asleep(2)  # the dispatcher and the timeout watcher
+        assert wait_until(lambda: starts == [1], TIMEOUT)
+        h.asleep(2)  # the timeout watcher and the lease keeper (the dispatcher too, soon)
         h.clock.advance(5)
-        result = h.next_result()
-        assert (result.job_id, result.outcome, result.retry_at) == (slow_id, "retried", T0 + 15)
-        assert "ran past its timeout of 5s" in (result.error or "")
-        job = h.job(slow_id)
-        assert job.state is JobState.SCHEDULED and "HandlerTimeout" in job.last_error
+        assert wait_until(lambda: "ran past its timeout" in caplog.text, TIMEOUT)
         # The stuck thread still runs the handler, yet the slot is free for the next job.
         fast_id = h.app.schedule("fast", delay=0)
         assert h.next_result().job_id == fast_id
-        release.set()  # the late result is fenced: the job stays as the timeout left it
-        assert wait_until(lambda: "its result is ignored" in caplog.text, TIMEOUT)
-        assert h.job(slow_id).state is JobState.SCHEDULED and h.results.empty()
+        assert worker.stats().abandoned == 1
+        # Its retry waits for the thread: the job stays held (its lease renewed), so no
+        # worker can start attempt 2 beside attempt 1, however long the thread runs.
+        for _ in range(3):
+            h.asleep(2)  # the dispatcher and the lease keeper
+            h.clock.advance(10)
+        job = h.job(slow_id)
+        assert job.state is JobState.RUNNING and job.lease_until > h.clock.time()
+        assert starts == [1] and h.results.empty()
+        release.set()  # the thread ends: the timeout's retry is recorded, its result ignored
+        result = h.next_result()
+        assert (result.job_id, result.outcome, result.retry_at) == (slow_id, "retried", T0 + 15)
+        assert "ran past its timeout of 5s" in (result.error or "")
+        assert "its result is ignored" in caplog.text
+        # Due at once (it is past T0 + 15): attempt 2 starts only now.
+        assert h.next_result().outcome == "succeeded" and starts == [1, 2]
         stats = worker.stats()
-        assert (stats.timeouts, stats.retried, stats.in_flight) == (1, 1, 0)
+        assert (stats.timeouts, stats.retried, stats.abandoned) == (1, 1, 0)
+    finally:
+        release.set()
+        h.stop()
+
+
+def test_past_max_abandoned_hung_handlers_the_worker_stops_claiming_until_one_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(concurrency=2, prefetch=0, max_abandoned=1)
+    release = threading.Event()
+    started = threading.Event()
+
+    @h.app.handler("hangs", timeout=1)
+    def hangs(payload: Any) -> None:
+        started.set()
+        release.wait(TIMEOUT)
+
+    h.app.register("fast", lambda p: None)
+    h.app.schedule("hangs", delay=0, max_attempts=1)
+    try:
+        worker = h.start()
+        assert started.wait(TIMEOUT)
+        h.asleep(2)  # the timeout watcher and the lease keeper (the dispatcher too, soon)
+        h.clock.advance(1)
+        assert h.next_result().outcome == "dead"  # a last attempt is recorded at once
+        assert wait_until(lambda: "max_abandoned=1" in caplog.text, TIMEOUT)
+        assert worker.stats().abandoned == 1
+        fast_id = h.app.schedule("fast", delay=0)
+        h.asleep()
+        assert h.job(fast_id).state is JobState.SCHEDULED  # at the cap: nothing is claimed
+        release.set()  # the hung thread ends: under the cap again
+        assert h.next_result().job_id == fast_id
+        assert worker.stats().abandoned == 0
     finally:
         release.set()
         h.stop()
@@ -187,7 +234,7 @@ def test_an_async_handler_past_the_worker_timeout_is_cancelled() -> None:
     try:
         h.start()
         assert started.wait(TIMEOUT)
-        h.asleep(2)  # the dispatcher and the timeout watcher
+        h.asleep(2)  # the timeout watcher and the lease keeper (the dispatcher too, soon)
         h.clock.advance(2)
         result = h.next_result()
         assert (result.outcome, result.duration) == ("dead", 2.0)
@@ -198,16 +245,22 @@ def test_an_async_handler_past_the_worker_timeout_is_cancelled() -> None:
         h.stop()
 
 
-def test_a_handler_timeout_overrides_the_worker_default() -> None:
+def test_a_handler_timeout_overrides_the_worker_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     h = Harness(timeout=100.0)
     release = threading.Event()
-    h.app.register("x", lambda p: release.wait(TIMEOUT), timeout=1.0)
+    started = threading.Event()
+    h.app.register("x", lambda p: (started.set(), release.wait(TIMEOUT)), timeout=1.0)
     h.app.schedule("x", delay=0)
     try:
         h.start()
-        h.asleep(2)  # the dispatcher and the timeout watcher
+        assert started.wait(TIMEOUT)  # its timeout is armed
+        h.asleep(3)  # the dispatcher, the lease keeper and the timeout watcher
         assert h.clock.next_deadline() == h.clock.monotonic() + 1.0
         h.clock.advance(1.0)
+        assert wait_until(lambda: "ran past its timeout" in caplog.text, TIMEOUT)
+        release.set()  # its retry is recorded once its thread ends
         assert h.next_result().outcome == "retried"
     finally:
         release.set()

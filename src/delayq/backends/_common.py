@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from delayq._validate import (
@@ -37,6 +37,7 @@ __all__ = [
     "MAX_ATTEMPTS_LIMIT",
     "MAX_ERROR_CHARS",
     "MAX_QUEUE_NAME",
+    "MAX_UNSTARTED",
     "PURGE_BATCH",
     "RELEASED_NOTE",
     "TTL_STATES",
@@ -56,6 +57,7 @@ __all__ = [
     "complete_then_claim",
     "conflict_error",
     "encode_backoff",
+    "extend_one_by_one",
     "filtered_page",
     "readable_json",
     "resolve_conflicts",
@@ -64,6 +66,8 @@ __all__ = [
     "lease_expired_error",
     "lease_expired_note",
     "stale_claim",
+    "unstarted_expired_error",
+    "unstarted_expired_note",
 ]
 
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
@@ -82,6 +86,11 @@ RELEASED_NOTE = (
     "(the attempt was given back)"
 )
 """The ``last_error`` note of a released job (a note, not a failure: no attempt is used)."""
+
+MAX_UNSTARTED = 5
+"""Leases of one job that may run out with no recorded start (feature
+``attempt_at_start``) before it is buried: such an expiry is no attempt, so this
+bound is what stops a job that kills its worker before its start is recorded."""
 
 TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
 """Final states purged after ``result_ttl``. DEAD is final too, but dead letters
@@ -274,10 +283,14 @@ traceback) keeps its start and its end, where the exception is."""
 
 
 def clip_error(text: str | None) -> str | None:
-    """``text`` as a store keeps it: at most ``MAX_ERROR_CHARS`` characters, and
-    valid UTF-8 (a lone surrogate, e.g. from a file name, becomes ``\\udxxx``)."""
+    """``text`` as a store keeps it: at most ``MAX_ERROR_CHARS`` characters, valid
+    UTF-8 (a lone surrogate, e.g. from a file name, becomes ``\\udxxx``) and no
+    NUL (PostgreSQL text cannot hold one; it becomes ``\\x00`` on every store,
+    so the same error reads the same everywhere)."""
     if text is None:
         return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     if len(text) > MAX_ERROR_CHARS:
         half = MAX_ERROR_CHARS // 2 - 40
         cut = len(text) - 2 * half
@@ -329,6 +342,25 @@ def lease_expired_note(lease_until: float, attempts: int) -> str:
     )
 
 
+def unstarted_expired_note(lease_until: float) -> str:
+    """The note of a job whose lease ran out before its handler was recorded as
+    started: due again at its own time, the attempt given back."""
+    return (
+        f"lease expired at {format_time(lease_until)} before the handler was recorded as "
+        f"started: not an attempt; due again (the worker holding it stopped, paused or "
+        f"lost the store)"
+    )
+
+
+def unstarted_expired_error(lease_until: float, count: int) -> str:
+    """The error of a job buried after ``count`` leases ran out with no recorded start."""
+    return (
+        f"lease expired at {format_time(lease_until)}, the {count}th time with no recorded "
+        f"start (MAX_UNSTARTED={MAX_UNSTARTED}): a job that stops its worker before it "
+        f"starts? Requeue it once that is fixed"
+    )
+
+
 def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> StaleClaim:
     """The error for an ack/retry/bury/extend whose token is no longer current."""
     if state is None:
@@ -372,14 +404,33 @@ def complete_then_claim(
     return answers, claims
 
 
+def extend_one_by_one(
+    store: Any, claims: Sequence[Claim], lease: float
+) -> list[Claim | StaleClaim]:
+    """The default ``extend_many``: ``store.extend`` per claim, a stale one reported
+    in its slot. Records no start (a store with ``attempt_at_start`` overrides it)."""
+    answers: list[Claim | StaleClaim] = []
+    for claim in claims:
+        try:
+            answers.append(store.extend(claim, lease))
+        except StaleClaim as exc:
+            answers.append(exc)
+    return answers
+
+
 class CompletesAndClaims:
-    """``complete_and_claim`` as :func:`complete_then_claim`, for stores that have no
-    single round trip for it (yet)."""
+    """``complete_and_claim`` as :func:`complete_then_claim`, and ``extend_many`` as
+    :func:`extend_one_by_one`, for stores that have no single round trip for them (yet)."""
 
     def complete_and_claim(
         self, batch: Sequence[Completion], *, limit: int, lease: float
     ) -> tuple[list[StaleClaim | None], list[Claim]]:
         return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        return extend_one_by_one(self, claims, check_lease(lease))
 
 
 class CompletesInBatches(CompletesAndClaims):

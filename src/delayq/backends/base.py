@@ -42,6 +42,21 @@ Rules every implementation keeps:
   that cannot be read back anyway (a store edited by hand) is buried by
   ``claim`` with an error saying why, never handed out or left to break the
   other claims.
+* **Batched renewals.** ``extend_many(claims, lease, started=)`` renews many
+  leases in one round trip where the store allows it (one transaction or
+  script), answering per claim like ``complete`` (a stale token is reported in
+  its slot, the others still apply). The default in ``_common`` calls
+  ``extend`` per claim.
+* **Attempts count from the start** (feature ``attempt_at_start``). ``claim``
+  counts the attempt it hands out, and ``extend_many(..., started=tokens)``
+  records that those claims' handlers started. A lease that runs out with no
+  recorded start is not an attempt: the attempt is given back, the job is due
+  again at its own ``run_at`` (its place kept, like ``release``), and a separate
+  count of such expiries buries it at ``_common.MAX_UNSTARTED`` (a job that
+  kills its worker before its start is recorded cannot loop for ever). A lease
+  that runs out after a recorded start is an attempt, as before. A result
+  (ack, retry, bury) implies the start. A store without the feature counts
+  every claim as an attempt (it ignores ``started``).
 * **Release.** ``release`` gives an unstarted claim back: SCHEDULED again at its
   original ``run_at`` (so it keeps its place), the attempt it used given back,
   nothing recorded as an error.
@@ -67,7 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -103,6 +118,11 @@ FEATURES: dict[str, str] = {
     "inspect": "get, list_jobs, stats and dead_letters see every job",
     "transactional_enqueue": "enqueue can join the caller's own database transaction",
     "recurring": "stores recurring schedules (cron / every)",
+    "attempt_at_start": (
+        "an attempt counts from its handler's recorded start: a lease that runs out "
+        "unstarted gives its attempt back (bounded by MAX_UNSTARTED); release takes "
+        "run_at= and note="
+    ),
     "flow_control": "per-key concurrency and rate limits, priorities and fair shares, in the claim",
 }
 """The promises a store may declare in its class attribute ``features``.
@@ -124,7 +144,8 @@ class Completion:
     ``state`` says which of the single calls it stands for: SUCCEEDED or
     SKIPPED is ``ack(claim, state=state, outcome=outcome)``, SCHEDULED is
     ``retry(claim, run_at, error)``, DEAD is ``bury(claim, error)``, and
-    SCHEDULED with ``released=True`` is ``release(claim)``. Build one with
+    SCHEDULED with ``released=True`` is ``release(claim)`` (with ``run_at`` and
+    ``error`` as its due time and note, for stores with ``attempt_at_start``). Build one with
     :meth:`ack`, :meth:`retry`, :meth:`bury` or :meth:`release`; the fields are
     checked at construction, so a bad entry never reaches the store.
     """
@@ -143,16 +164,22 @@ class Completion:
         ):
             return  # the common case, an ack, checked cheaply (results are hot)
         if self.released:
-            if (
-                state is not JobState.SCHEDULED
-                or self.run_at is not None
-                or self.error is not None
-                or self.outcome is not None
-            ):
+            if state is not JobState.SCHEDULED or self.outcome is not None:
                 raise InvalidOption(
-                    "a release is state=scheduled without run_at, error or outcome; "
+                    "a release is state=scheduled without an outcome; "
                     "build it with Completion.release(claim)"
                 )
+            if self.run_at is not None:
+                due = self.run_at
+                if (
+                    isinstance(due, bool)
+                    or not isinstance(due, int | float)
+                    or not math.isfinite(due)
+                ):
+                    raise InvalidDelay(f"run_at must be finite epoch seconds, got {due!r}")
+                object.__setattr__(self, "run_at", float(due))
+            if self.error is not None and not isinstance(self.error, str):
+                raise InvalidOption(f"a release's note must be a str, got {self.error!r}")
             return
         if isinstance(self.state, str) and not isinstance(self.state, JobState):
             with contextlib.suppress(ValueError):  # "succeeded" -> JobState.SUCCEEDED
@@ -203,9 +230,20 @@ class Completion:
         return cls(claim, JobState.DEAD, error=error)
 
     @classmethod
-    def release(cls, claim: Claim) -> Completion:
-        """Give an unstarted claim back, like ``Backend.release``."""
-        return cls(claim, JobState.SCHEDULED, released=True)
+    def release(
+        cls, claim: Claim, *, run_at: float | None = None, note: str | None = None
+    ) -> Completion:
+        """Give an unstarted claim back, like ``Backend.release``; with ``run_at``
+        (epoch seconds) it is due then instead of at its own time, with ``note`` its
+        ``last_error`` says why (a store with ``attempt_at_start`` keeps both; one
+        without may ignore them)."""
+        return cls(
+            claim,
+            JobState.SCHEDULED,
+            run_at=run_at,
+            error=note,
+            released=True,
+        )
 
     @staticmethod
     def batch(entries: Sequence[Completion]) -> list[Completion]:
@@ -329,6 +367,21 @@ class Backend(Protocol):
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         """Renew the lease to ``lease`` seconds from now; returns the updated claim."""
+        ...
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        """Renew every lease of ``claims`` to ``lease`` seconds from now, in one round
+        trip where the store allows it, and record that the handlers of the claims
+        whose token is in ``started`` have started (feature ``attempt_at_start``;
+        a store without it ignores ``started``).
+
+        One answer per claim, in order: the renewed claim, or the
+        :class:`~delayq.errors.StaleClaim` that its ``extend`` would have raised
+        (that entry changes nothing; the others still apply). A store failure
+        raises. An empty list does nothing.
+        """
         ...
 
     def wait_for_due(self, max_wait: float) -> None:

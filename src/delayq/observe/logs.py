@@ -62,6 +62,8 @@ def result_logger(logger: logging.Logger, level: int = logging.INFO) -> Callable
             "outcome": result.outcome,
             "duration": round(result.duration, 6),
         }
+        if result.start_lateness is not None:
+            fields["start_lateness"] = round(result.start_lateness, 6)
         if result.retry_at is not None:
             fields["retry_at"] = result.retry_at
         if result.error is not None:

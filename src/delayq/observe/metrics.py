@@ -132,6 +132,14 @@ class Metrics:
             buckets=LATENESS_BUCKETS,
             registry=self.registry,
         )
+        self.start_lateness = prom.Histogram(
+            "delayq_job_start_lateness_seconds",
+            "Seconds between a job's due time and its handler's start (a wait for a slot "
+            "included; never negative).",
+            ["name"],
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
         self.duration = prom.Histogram(
             "delayq_handler_duration_seconds",
             "Seconds a handler ran.",
@@ -147,6 +155,8 @@ class Metrics:
         if outcome == "returned":
             return  # handed back unstarted: it will be claimed (and measured) again
         self.lateness.labels(name).observe(max(0.0, result.lateness))
+        if result.start_lateness is not None:
+            self.start_lateness.labels(name).observe(max(0.0, result.start_lateness))
         if self.series is not None:
             self.series.add(result.lateness)
         ran = outcome in _STARTED or (outcome == "dead" and result.duration > 0)

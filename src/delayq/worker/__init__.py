@@ -7,9 +7,11 @@ module each:
   running, or waiting for its result to be recorded) and the one lock and
   conditions its parts share;
 * ``_dispatcher``: claims due jobs for free slots, plus a small prefetch while
-  a backlog exists; between claims it blocks in ``backend.wait_for_due`` (no
-  polling) and keeps the worker's deadlines (lease renewals, timeouts);
-* ``_leases``: the lease keeper, renewing every held claim every ``lease / 3``;
+  a backlog exists (a prefetched claim stuck behind busy slots is handed back);
+  between claims it blocks in ``backend.wait_for_due`` (no polling) and retries
+  failed commits;
+* ``_leases``: the lease keeper, on its own thread, renewing every held claim
+  every ``lease / 3`` in one ``extend_many`` call per pass;
 * ``_runner``: handler threads and the event loop for async handlers, the
   lease check before a handler starts, handler timeouts;
 * ``_commit``: the group committer, recording finished attempts in batches (one
@@ -34,14 +36,17 @@ claiming, hand back at once the claims whose handler has not started
 (``release``: SCHEDULED again at their due time, attempt given back), let
 in-flight handlers finish within ``grace`` seconds while still renewing their
 leases, then return. Handlers still running after the grace period are
-abandoned: their leases run out and the jobs run again elsewhere
-(at-least-once). A second signal stops at once.
+abandoned: their claims are released (the attempt given back, so a
+``max_attempts=1`` job still gets its run) and results that finished but were
+not recorded yet are recorded, in one last store call before the worker
+returns; if that call fails, the leases run out and the jobs run again
+elsewhere (at-least-once). A second signal stops at once (the same hand-back).
 """
 
 from __future__ import annotations
 
 from delayq.worker._decide import JobResult, Outcome
-from delayq.worker._stats import WorkerStats, percentile
+from delayq.worker._stats import WorkerHealth, WorkerStats, percentile
 from delayq.worker._worker import Worker
 
-__all__ = ["JobResult", "Outcome", "Worker", "WorkerStats", "percentile"]
+__all__ = ["JobResult", "Outcome", "Worker", "WorkerHealth", "WorkerStats", "percentile"]

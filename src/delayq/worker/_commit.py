@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from delayq.backends import Backend, combines_complete_and_claim
 from delayq.backends.base import Completion
 from delayq.clock import Clock
-from delayq.errors import BackendError, StaleClaim
+from delayq.errors import BackendError, BackendUnavailable, StaleClaim
 from delayq.job import Claim
 from delayq.worker._decide import Decision, JobResult, Outcome
 from delayq.worker._inflight import InFlight, InFlightTable
@@ -42,6 +42,11 @@ log = logging.getLogger("delayq.worker")
 _FIRST_PAUSE = 0.1
 _MAX_PAUSE = 5.0
 
+SPLIT_AFTER = 3
+"""Failed commits of a result before it is tried alone: a result the store refuses
+for what it is (not for being unreachable) must not hold its slot, nor the
+results batched with it, for ever."""
+
 
 @dataclass(eq=False, slots=True)
 class _Finished:
@@ -50,6 +55,7 @@ class _Finished:
     rec: InFlight
     decision: Decision
     duration: float
+    failures: int = 0  # commits of it that failed
 
 
 class GroupCommitter:
@@ -85,6 +91,10 @@ class GroupCommitter:
         self._complete_and_claim = backend.complete_and_claim if self.combines else None
         self._finished: list[_Finished] = []
         self._flushing = False
+        # When the flusher's store call began (monotonic; None outside one) and what it
+        # records: written by the flusher alone (plain assignments), read for health.
+        self.call_started: float | None = None
+        self._in_call: list[_Finished] = []
         self._failed: list[_Finished] = []
         self._retry_mono = 0.0
         self._pause = 0.0
@@ -98,13 +108,16 @@ class GroupCommitter:
         *,
         handler_slot: bool = False,
         timed_out: bool = False,
+        hold: bool = False,
     ) -> bool:
         """Hand ``rec``'s decided attempt to the group commit.
 
         The first decision for a claim wins: False (and nothing done) when the
         attempt was already decided (a handler finishing after its timeout: its
         result is fenced) or abandoned. ``handler_slot`` frees the handler
-        slot the attempt held.
+        slot the attempt held. ``timed_out``: the handler goes on running
+        (abandoned work, until :meth:`body_ended`); with ``hold`` its decision
+        (a retry) is recorded only then, so a retry never runs beside it.
         """
         table = self._table
         with table.lock:
@@ -120,6 +133,13 @@ class GroupCommitter:
                     table.work.notify()
             if timed_out:
                 table.stats.timeouts += 1
+                rec.body_alive = True
+                table.abandoned += 1
+            if hold:
+                rec.held = _Finished(rec, decision, duration)
+                table.holding += 1
+                table.changed.notify_all()  # its slot is free for a claim
+                return True
             self._finished.append(_Finished(rec, decision, duration))
             if self._flushing:
                 return True  # the thread flushing now commits it in its next round
@@ -127,6 +147,29 @@ class GroupCommitter:
             batch, self._finished = self._finished, []
         self._flush(batch)
         return True
+
+    def body_ended(self, rec: InFlight) -> None:
+        """The handler of a timed-out attempt really ended: it is no longer
+        abandoned work, and a decision held for it is recorded now."""
+        table = self._table
+        with table.lock:
+            if not rec.body_alive:
+                return
+            rec.body_alive = False
+            table.abandoned -= 1
+            entry = rec.held
+            rec.held = None
+            if isinstance(entry, _Finished):
+                table.holding -= 1
+            table.changed.notify_all()  # under the cap again: claiming may go on
+            if not isinstance(entry, _Finished) or rec.abandoned:
+                return
+            self._finished.append(entry)
+            if self._flushing:
+                return
+            self._flushing = True
+            batch, self._finished = self._finished, []
+        self._flush(batch)
 
     def finish_all(self, recs: Sequence[InFlight], decision: Decision) -> None:
         """Hand many unstarted claims to one commit with the same decision (a release)."""
@@ -150,12 +193,105 @@ class GroupCommitter:
                 return
             retry = [f for f in self._failed if not f.rec.abandoned]
             self._failed = []
-            self._finished.extend(retry)
-            if self._flushing or not self._finished:
+            alone = [f for f in retry if f.failures >= SPLIT_AFTER]
+            self._finished.extend(f for f in retry if f.failures < SPLIT_AFTER)
+            batch: list[_Finished] = []
+            if not self._flushing and self._finished:
+                self._flushing = True
+                batch, self._finished = self._finished, []
+        for entry in alone:
+            self._commit_alone(entry)
+        if batch:
+            self._flush(batch)
+
+    def _commit_alone(self, entry: _Finished) -> None:
+        """Record one result that failed in ``SPLIT_AFTER`` batches, on its own.
+
+        A store that is unreachable (``BackendUnavailable``) gets it back for a
+        later retry; one that refuses this very entry (any other error) gets it
+        dead-lettered with the store's error instead, so the job ends with a
+        reason rather than being retried for ever; if even that is refused, the
+        claim is given up (its lease runs out and the job runs again).
+        """
+        table = self._table
+        rec = entry.rec
+        outcome: Outcome
+        claim = rec.claim
+        with rec.lock:
+            with table.lock:
+                if rec.abandoned or table.records.get(rec.key) is not rec:
+                    return
+                claim = rec.claim
+            try:
+                [stale] = self._backend.complete([entry.decision.completion(claim)])
+                outcome = entry.decision.outcome if stale is None else "stale"
+            except BackendUnavailable:
+                with table.lock:
+                    entry.failures += 1
+                    self._failed.append(entry)
+                    self._retry_mono = self._clock.monotonic() + max(self._pause, _FIRST_PAUSE)
                 return
-            self._flushing = True
-            batch, self._finished = self._finished, []
-        self._flush(batch)
+            except Exception as exc:
+                # Only the store's answer, quoted: the refused text itself may be the trouble.
+                refused = ascii(f"{type(exc).__name__}: {exc}")[:2000]
+                error = (
+                    f"the store refused to record this attempt's result "
+                    f"({entry.decision.outcome}) {SPLIT_AFTER + 1} times, the last time alone: "
+                    f"{refused}; dead-lettered instead"
+                )
+                log.error(
+                    "job %s (%s): the store refuses its result, dead-lettering it: %s",
+                    claim.job.id,
+                    claim.job.name,
+                    refused,
+                )
+                entry.decision = Decision("dead", error=error)
+                try:
+                    [stale] = self._backend.complete([Completion.bury(claim, error)])
+                    outcome = "dead" if stale is None else "stale"
+                except Exception:
+                    log.exception(
+                        "job %s (%s): the store refuses its dead letter too; giving the claim "
+                        "up (the job runs again after its lease)",
+                        claim.job.id,
+                        claim.job.name,
+                    )
+                    outcome = "error"
+        with table.lock:
+            if table.records.pop(rec.key, None) is not None:
+                table.stats.counts[outcome if outcome != "error" else "errors"] += 1
+                if rec.started:
+                    table.stats.duration.add(entry.duration)
+            table.changed.notify_all()
+        if self._on_result is not None:
+            self._report(entry, claim, outcome)
+
+    def take_unrecorded_locked(self) -> dict[int, tuple[Decision, float]]:
+        """Take every decided result not recorded yet and not being recorded now
+        (buffered, failed, or held for an abandoned handler): record key ->
+        (decision, duration). For a worker that exits now."""
+        taken: dict[int, tuple[Decision, float]] = {}
+        for entry in [*self._finished, *self._failed]:
+            taken[entry.rec.key] = (entry.decision, entry.duration)
+        self._finished, self._failed = [], []
+        for rec in self._table.records.values():
+            held = rec.held
+            if isinstance(held, _Finished):
+                taken[rec.key] = (held.decision, held.duration)
+        return taken
+
+    def oldest_waiting_locked(self) -> float | None:
+        """When (monotonic) the oldest decided result not yet recorded was decided:
+        buffered, failed, or held for an abandoned handler; None when there is none."""
+        entries = [*self._finished, *self._failed, *self._in_call]
+        entries += [r.held for r in self._table.records.values() if isinstance(r.held, _Finished)]
+        return min(
+            (
+                e.rec.started_mono + e.duration if e.rec.started else e.rec.mono_claimed
+                for e in entries
+            ),
+            default=None,
+        )
 
     def flushing_locked(self) -> bool:
         """True while a commit is under way or results wait for one."""
@@ -231,6 +367,8 @@ class GroupCommitter:
             answers: list[StaleClaim | None] = []
             failure: Exception | None = None
             mono_sent = self._clock.monotonic()
+            self._in_call = [entry for entry, _ in sent]
+            self.call_started = mono_sent
             try:
                 if limit:
                     assert self._complete_and_claim is not None
@@ -247,6 +385,9 @@ class GroupCommitter:
             except Exception as exc:
                 failure = exc
                 claims = []
+            finally:
+                self.call_started = None
+                self._in_call = []
             failed = failure is not None
             pause = 0.0
             with table.lock:
@@ -262,6 +403,8 @@ class GroupCommitter:
                 if failed:
                     self._pause = min(_MAX_PAUSE, max(_FIRST_PAUSE, self._pause * 2))
                     self._retry_mono = self._clock.monotonic() + self._pause
+                    for entry, _ in sent:
+                        entry.failures += 1
                     self._failed.extend(entry for entry, _ in sent)
                     counts["errors"] += len(sent)
                     pause = self._pause
@@ -325,6 +468,7 @@ class GroupCommitter:
     def _report(self, entry: _Finished, claim: Claim, outcome: Outcome) -> None:
         assert self._on_result is not None
         decision = entry.decision
+        rec = entry.rec
         result = JobResult(
             job_id=claim.job.id,
             name=claim.job.name,
@@ -334,6 +478,11 @@ class GroupCommitter:
             duration=entry.duration,
             error=decision.error,
             retry_at=decision.retry_at,
+            start_lateness=(
+                claim.claimed_at + (rec.started_mono - rec.mono_claimed) - claim.job.run_at
+                if rec.started
+                else None
+            ),
         )
         try:
             self._on_result(result)

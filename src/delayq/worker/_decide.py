@@ -65,6 +65,7 @@ class JobResult:
     duration: float  # seconds the handler ran (0 when it did not run)
     error: str | None = None
     retry_at: float | None = None
+    start_lateness: float | None = None  # seconds between the due time and the handler's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +76,14 @@ class Decision:
     note: str | None = None  # an ack's note (skipped, ran late)
     error: str | None = None  # a retry's or bury's error text
     retry_at: float | None = None  # a retry's new due time (epoch seconds)
+    keep_attempt: bool = False  # a retry that gives its attempt back (it never started)
 
     def completion(self, claim: Claim) -> Completion:
         """The store call for ``claim`` (the claim as it is at commit time)."""
         outcome = self.outcome
+        if self.keep_attempt:
+            assert self.retry_at is not None
+            return Completion.release(claim, run_at=self.retry_at, note=self.error)
         if outcome == "succeeded":
             return Completion(claim, JobState.SUCCEEDED, outcome=self.note)
         if outcome == "skipped":
@@ -127,24 +132,31 @@ def decide(
     handler_known: bool = True,
     registered: Sequence[str] = (),
     unknown_grace: float = DEFAULT_UNKNOWN_HANDLER_GRACE,
+    started_at: float | None = None,
+    keep_attempt: bool = False,
 ) -> Decision | None:
     """Decide how ``claim``'s attempt ends; ``now`` is the store's time (estimated).
 
-    Before the handler runs (``ran=False``) it answers None for "run it", or
-    ends the attempt without running: an unknown handler name is retried by
-    the job's backoff until ``unknown_grace`` seconds have passed since it was
-    first found unknown (its due time, or the time noted in its last error),
-    then dead-lettered; an unreadable misfire policy is dead-lettered; a job
-    overdue beyond its misfire policy is SKIPPED with a note.
+    Before the handler runs (``ran=False``, ``now`` is when it would start) it
+    answers None for "run it", or ends the attempt without running: an unknown
+    handler name is retried by the job's backoff until ``unknown_grace``
+    seconds have passed since it was first found unknown (its due time, or the
+    time noted in its last error), then dead-lettered (with ``keep_attempt``,
+    for a store that can, the retry gives its attempt back: a worker that lacks
+    the handler uses none of the job's attempts); an unreadable misfire policy
+    is dead-lettered; a job overdue at ``now`` beyond its misfire policy is
+    SKIPPED with a note (judged when the handler would start, not at the claim:
+    a claim that waited for a slot counts its wait).
 
     After the handler ran (``ran=True``): no ``error`` is a success (noted
-    when it ran late); an error is retried at ``now`` plus the job's backoff
-    for this attempt, or dead-lettered on the last attempt (``max_attempts``)
-    or when the backoff cannot be read.
+    when it started late, at ``started_at``, else at the claim); an error is
+    retried at ``now`` plus the job's backoff for this attempt, or
+    dead-lettered on the last attempt (``max_attempts``) or when the backoff
+    cannot be read.
     """
     job = claim.job
-    lateness = claim.claimed_at - job.run_at
     if ran:
+        lateness = (claim.claimed_at if started_at is None else started_at) - job.run_at
         if error is None:
             if lateness > _SLOW_NOTE_AFTER:
                 return Decision(
@@ -155,9 +167,10 @@ def decide(
             return Decision("dead", error=error)
         return _retry(claim, now, error)
     if not handler_known:
-        return _unknown_handler(claim, now, registered, unknown_grace)
+        return _unknown_handler(claim, now, registered, unknown_grace, keep_attempt)
     if job.misfire == "run":
         return None  # the default policy: nothing to parse on the hot path
+    lateness = now - job.run_at
     try:
         misfire = _misfire(job.misfire)
     except InvalidInput as exc:
@@ -190,7 +203,9 @@ def _retry(claim: Claim, now: float, error: str, *, latest: float | None = None)
     return Decision("retried", error=error, retry_at=run_at)
 
 
-def _unknown_handler(claim: Claim, now: float, registered: Sequence[str], grace: float) -> Decision:
+def _unknown_handler(
+    claim: Claim, now: float, registered: Sequence[str], grace: float, keep_attempt: bool
+) -> Decision:
     job = claim.job
     since = job.run_at
     if job.last_error is not None and (m := _UNKNOWN_SINCE.search(job.last_error)):
@@ -210,4 +225,7 @@ def _unknown_handler(claim: Claim, now: float, registered: Sequence[str], grace:
         f"{reason}; retried until {format_time(since + grace)} in case a worker that knows it "
         f"starts (rolling deploy) [unknown handler since epoch {since!r}]"
     )
-    return _retry(claim, now, note, latest=since + grace)
+    decision = _retry(claim, now, note, latest=since + grace)
+    if keep_attempt and decision.outcome == "retried":
+        return Decision("retried", error=note, retry_at=decision.retry_at, keep_attempt=True)
+    return decision

@@ -13,10 +13,17 @@ when no commit is under way;
 when a freed slot is alone it waits up to ``COALESCE`` (2 ms) for a few more
 to free, so one claim serves several jobs.
 
-Between claims it also keeps the worker's deadlines: it renews leases and
-retries failed commits, waking for whichever comes first. After a stop it
-hands back the ready claims and drains: it keeps renewing the leases of
-running handlers until they finish or the grace period ends.
+Prefetch never holds a job hostage: a ready claim that has waited
+``ready_hold`` seconds (``min(1 s, lease / 3)``) while every slot is busy is
+handed back (``release``: its place and attempt kept) for an idle worker to
+take, and prefetching pauses for ``PREFETCH_PAUSE`` seconds (the handlers are
+slow: claiming ahead only parks jobs here).
+
+Between claims it also retries failed commits, waking for whichever comes
+first. Leases are the lease keeper's, on its own thread. After a stop it hands
+back the ready claims and drains: it waits for running handlers until they
+finish or the grace period ends, then hands back what is left (see
+:meth:`Dispatcher.abandon`).
 """
 
 from __future__ import annotations
@@ -25,14 +32,14 @@ import logging
 import math
 
 from delayq.backends import Backend
+from delayq.backends.base import Completion
 from delayq.clock import Clock
 from delayq.errors import QueueClosed
 from delayq.worker._commit import GroupCommitter
-from delayq.worker._decide import RETURNED
-from delayq.worker._inflight import InFlightTable
-from delayq.worker._leases import LeaseKeeper
+from delayq.worker._decide import RETURNED, Decision
+from delayq.worker._inflight import InFlight, InFlightTable
 
-__all__ = ["COALESCE", "Dispatcher"]
+__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher"]
 
 log = logging.getLogger("delayq.worker")
 
@@ -41,6 +48,15 @@ COALESCE = 0.002
 to this long (seconds) for ``gather`` slots to free before claiming, so one claim
 serves several jobs. Only under backlog: a job is then late anyway, by
 queueing; an idle worker claims at once."""
+
+STOPPED_NOTE = (
+    "handed back: the worker stopped after its grace period while the handler still ran; "
+    "the attempt was given back and the job runs again"
+)
+"""The note of a job whose handler the stopping worker left running past its grace."""
+
+PREFETCH_PAUSE = 10.0
+"""Seconds prefetching stays off after a prefetched claim had to be handed back."""
 
 
 class Dispatcher:
@@ -52,7 +68,6 @@ class Dispatcher:
         backend: Backend,
         clock: Clock,
         *,
-        keeper: LeaseKeeper,
         committer: GroupCommitter,
         lease: float,
         batch: int,
@@ -62,17 +77,34 @@ class Dispatcher:
         self._table = table
         self._backend = backend
         self._clock = clock
-        self._keeper = keeper
         self._committer = committer
+        self._ready_hold = min(1.0, lease / 3)
         self._lease = lease
         self._batch = batch
         self._gather = gather
         self._idle_wait = idle_wait
 
     def housekeeping(self) -> None:
-        """Renew due leases, retry failed commits."""
-        self._keeper.renew_due()
-        self._committer.retry_due(self._clock.monotonic())
+        """Retry failed commits; hand back prefetched claims that waited too long."""
+        table = self._table
+        now = self._clock.monotonic()
+        self._committer.retry_due(now)
+        with table.lock:
+            table.beats["dispatcher"] = now
+            if table.prefetch_paused and now >= table.prefetch_resume:
+                table.prefetch_paused = False
+            stale = table.take_stale_ready_locked(now, self._ready_hold)
+            if stale:
+                table.prefetch_paused = True
+                table.prefetch_resume = now + PREFETCH_PAUSE
+        if stale:
+            log.info(
+                "handing back %d prefetched job(s) that waited %.1fs behind busy handlers %s",
+                len(stale),
+                self._ready_hold,
+                [rec.claim.job.id for rec in stale][:10],
+            )
+            self._committer.finish_all(stale, RETURNED)
 
     def dispatch(self) -> None:
         """Claim and wait until a stop is requested or the store is closed."""
@@ -108,15 +140,19 @@ class Dispatcher:
                 limit = min(room, self._batch)
                 table.claiming = True
             sent = clock.monotonic()
+            with table.lock:
+                table.stuck_call["dispatcher"] = sent
             try:
                 claims = self._backend.claim(limit=limit, lease=self._lease)
             except QueueClosed:
                 with table.lock:
+                    table.stuck_call.pop("dispatcher", None)
                     table.claim_failed_locked()
                 self._store_closed()
                 return
             except Exception:
                 with table.lock:
+                    table.stuck_call.pop("dispatcher", None)
                     table.claim_failed_locked()
                 error_pause = min(5.0, max(0.1, error_pause * 2))
                 log.exception("claim failed; trying again in %.1fs", error_pause)
@@ -124,6 +160,7 @@ class Dispatcher:
                 continue
             full = len(claims) >= limit
             with table.lock:
+                table.stuck_call.pop("dispatcher", None)
                 table.add_claims_locked(claims, sent, self._lease, full=full)
             if not full:
                 try:
@@ -152,8 +189,9 @@ class Dispatcher:
             self._committer.finish_all(ready, RETURNED)
 
     def drain(self) -> None:
-        """After a stop: keep renewing leases (and retrying commits) until every
-        held claim is recorded or the grace period ends."""
+        """After a stop: retry commits (the lease keeper renews the leases) until
+        every held claim is recorded or the grace period ends; then hand back
+        what is left (see :meth:`_hand_back`)."""
         table = self._table
         clock = self._clock
         while True:
@@ -164,27 +202,72 @@ class Dispatcher:
                 assert table.stop_mono is not None
                 left = table.stop_mono + table.grace - clock.monotonic()
                 if left <= 0:
-                    for rec in table.records.values():
-                        rec.abandoned = True
-                    log.warning(
-                        "grace period over: abandoning %d job(s) %s; they run again "
-                        "after their leases expire",
-                        len(table.records),
-                        sorted(r.claim.job.id for r in table.records.values())[:10],
-                    )
-                    return
+                    left_over = list(table.records.values())
+                    for rec in left_over:
+                        rec.abandoned = True  # a result arriving from now on is not recorded
+                    unrecorded = self._committer.take_unrecorded_locked()
+                    break
                 clock.wait(table.changed, min(left, self._budget_locked(left)))
+        self._hand_back(left_over, unrecorded)
+
+    def _hand_back(
+        self, left_over: list[InFlight], unrecorded: dict[int, tuple[Decision, float]]
+    ) -> None:
+        """The grace period is over: record the results that finished but were not
+        recorded yet, and give back the claims whose handlers still run (their
+        attempt given back: the worker stopped them, they did not fail), in one
+        last store call, so nothing waits out its lease or uses an attempt."""
+        completions: list[Completion] = []
+        finished: list[str] = []
+        running: list[str] = []
+        keep = "attempt_at_start" in getattr(self._backend, "features", ())
+        for rec in left_over:
+            claim = rec.claim
+            entry = unrecorded.get(rec.key)
+            try:
+                if entry is not None:
+                    completions.append(entry[0].completion(claim))
+                    finished.append(claim.job.id)
+                elif not rec.done:
+                    completions.append(
+                        Completion.release(claim, note=STOPPED_NOTE)
+                        if keep
+                        else Completion.release(claim)
+                    )
+                    running.append(claim.job.id)
+            except Exception:
+                log.exception("job %s: cannot hand it back", claim.job.id)
+        log.warning(
+            "grace period over: %d job(s) still running %s are handed back (their attempt "
+            "given back), %d finished result(s) not recorded yet %s are recorded now",
+            len(running),
+            sorted(running)[:10],
+            len(finished),
+            sorted(finished)[:10],
+        )
+        if not completions:
+            return
+        try:
+            self._backend.complete(completions)
+        except Exception:
+            log.exception(
+                "handing back %d job(s) at the end of the grace period failed; they run again "
+                "after their leases expire",
+                len(completions),
+            )
 
     # -- helpers --------------------------------------------------------------------------
     def _budget_locked(self, cap: float) -> float:
         """Seconds the dispatcher may sleep: ``cap``, or less if something falls due."""
-        deadline = self._table.next_deadline_locked()
+        table = self._table
+        now = self._clock.monotonic()
+        deadline = table.next_stale_ready_locked(now, self._ready_hold)
         retry = self._committer.next_retry_locked()
         if retry is not None:
             deadline = min(deadline, retry)
         if deadline == math.inf:
             return cap
-        return max(0.0, min(cap, deadline - self._clock.monotonic()))
+        return max(0.0, min(cap, deadline - now))
 
     def _budget(self, cap: float) -> float:
         with self._table.lock:

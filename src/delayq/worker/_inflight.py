@@ -42,13 +42,19 @@ class InFlight:
     lease_deadline: float
     renew_at: float
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lease_lost: threading.Event = field(default_factory=threading.Event)  # ctx.lease_lost
     started: bool = False  # the handler was called
+    started_mono: float = 0.0  # when (monotonic)
+    mark_at: float = math.inf  # when the lease keeper reports the start to the store
+    marked: bool = False  # the store knows the handler started
     done: bool = False  # the outcome is decided (the first to decide wins; later ones are fenced)
     lost: bool = False  # a renewal said the lease is gone
     abandoned: bool = False  # still running after the grace period: never recorded
     timeout_at: float = math.inf  # monotonic deadline of the running handler
     is_async: bool = False  # runs on the event loop (a timeout cancels it)
     cancel: Callable[[], object] | None = None  # cancels it, once it is on the loop
+    body_alive: bool = False  # decided (timed out) while its handler still runs: abandoned work
+    held: object = None  # a timed-out attempt's result, recorded once its handler really ends
 
 
 class InFlightTable:
@@ -59,14 +65,31 @@ class InFlightTable:
     notified when a claim leaves, a claim attempt ends, a stop is requested or
     a commit ends (the dispatcher, the drain and ``stop`` wait on it); ``work``
     when a claim becomes ready, a slot frees or a task is queued (handler
-    threads wait on it). Nothing slow runs under the lock: no handler, no
-    store call, no user callback.
+    threads wait on it); ``leases`` when a claim arrives whose renewal is
+    earlier than the lease keeper's next wake-up (``keeper_until``), or the
+    table closes. Nothing slow runs under the lock: no handler, no store call,
+    no user callback.
+
+    Abandoned work: ``abandoned`` counts handlers whose attempt was decided
+    (timed out) while their body still runs (a sync thread, a cancelled task
+    that goes on); at ``abandoned_cap`` the worker claims nothing more
+    (``room_locked`` is 0) and reports itself unhealthy.
+
+    Health: ``beats`` holds the monotonic time of the last loop turn of the
+    ``dispatcher`` and the ``leases`` keeper; ``stuck_call`` the start of the
+    store call each part is in right now (``dispatcher``: claim, ``leases``:
+    extend_many, ``committer``: complete), absent when none; ``loop_blocked_since``
+    when the asyncio loop stopped answering (None while it runs callbacks).
     """
 
-    def __init__(self, *, concurrency: int, prefetch: int, grace: float) -> None:
+    def __init__(
+        self, *, concurrency: int, prefetch: int, grace: float, abandoned_cap: int | None = None
+    ) -> None:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.work = threading.Condition(self.lock)
+        self.leases = threading.Condition(self.lock)
+        self.keeper_until = math.inf
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.records: dict[int, InFlight] = {}
@@ -79,15 +102,29 @@ class InFlightTable:
         self.stop_mono: float | None = None
         self.grace = grace
         self.closed = False  # handler threads exit
+        self.prefetch_paused = (
+            False  # a prefetched claim waited too long: claim for free slots only
+        )
+        self.prefetch_resume = 0.0  # monotonic time prefetching may resume
+        self.abandoned = 0
+        self.holding = 0  # records whose (timed-out) result waits for its handler to end
+        self.abandoned_cap = concurrency if abandoned_cap is None else abandoned_cap
+        self.beats: dict[str, float] = {}
+        self.stuck_call: dict[str, float] = {}
+        self.loop_blocked_since: float | None = None
+        self.mark_after = 1.0  # seconds after a handler's start the keeper reports it
         self.stats = StatsBook()
         self._keys = itertools.count(1)
 
     # -- claims ---------------------------------------------------------------------------
     def room_locked(self) -> int:
         """How many more claims the worker may hold now: free slots, plus the
-        prefetch while a backlog exists."""
-        capacity = self.concurrency + (self.prefetch if self.backlog else 0)
-        return capacity - len(self.records)
+        prefetch while a backlog exists; none while abandoned work is at its cap."""
+        if self.abandoned >= self.abandoned_cap:
+            return 0
+        prefetch = self.prefetch if self.backlog and not self.prefetch_paused else 0
+        # A record held for its abandoned handler has given its slot up.
+        return self.concurrency + prefetch - (len(self.records) - self.holding)
 
     def add_claims_locked(
         self, claims: Sequence[Claim], mono_sent: float, lease: float, *, full: bool
@@ -111,6 +148,8 @@ class InFlightTable:
                 stats.lateness.add(claim.claimed_at - claim.job.run_at)
             stats.counts["claimed"] += len(claims)
             self.work.notify(len(claims))
+            if renew_at < self.keeper_until:
+                self.leases.notify()
         self.changed.notify_all()
 
     def claim_failed_locked(self) -> None:
@@ -141,11 +180,25 @@ class InFlightTable:
         with self.lock:
             self.closed = True
             self.work.notify_all()
+            self.leases.notify_all()
 
     # -- deadlines ------------------------------------------------------------------------
-    def next_deadline_locked(self) -> float:
-        """The earliest monotonic time a lease must be renewed."""
-        return min(
-            (r.renew_at for r in self.records.values() if not r.lost and not r.abandoned),
-            default=math.inf,
-        )
+    def take_stale_ready_locked(self, now: float, bound: float) -> list[InFlight]:
+        """Take out of ``ready`` the claims that waited ``bound`` seconds or more
+        while every slot is busy (to hand them back)."""
+        stale: list[InFlight] = []
+        if self.running >= self.concurrency and not self.stopping:
+            while self.ready and self.ready[0].mono_claimed + bound <= now:
+                stale.append(self.ready.popleft())
+        return stale
+
+    def next_stale_ready_locked(self, now: float, bound: float) -> float:
+        """When to look for ready claims that waited too long (monotonic): when the
+        oldest will have waited ``bound`` seconds, or ``bound`` from ``now`` if it
+        already has while a slot is free (a handler thread is about to take it)."""
+        if not self.ready or self.stopping:
+            return math.inf
+        deadline = self.ready[0].mono_claimed + bound
+        if deadline <= now and self.running < self.concurrency:
+            return now + bound
+        return deadline

@@ -12,11 +12,18 @@ a long GC, a frozen VM) is handed back unstarted instead of being run after
 another worker may have run it.
 
 A handler running past its timeout counts as failed at once (a watcher
-thread sleeps until the earliest deadline) (retried by the
-job's backoff, dead-lettered on its last attempt): an async handler is
-cancelled; a sync one cannot be interrupted, so its thread is left to it and a
-new thread takes its place (the slot is free again), and its result, if it
-ever returns, is ignored (fenced: the attempt was already decided).
+thread sleeps until the earliest deadline): an async handler is cancelled; a
+sync one cannot be interrupted, so its thread is left to it and a new thread
+takes its place (the slot is free again), and its result, if it ever returns,
+is ignored (fenced: the attempt was already decided). Its retry (by the job's
+backoff) is recorded only when the abandoned body really ends, so two
+attempts never run at once; a last attempt is dead-lettered at once. Bodies
+still running that way are abandoned work, capped by ``max_abandoned``.
+
+An async handler's timeout starts when its coroutine starts on the loop, and a
+coroutine whose attempt was decided before it could start never runs. While
+async handlers run, the watcher pings the loop; one that does not answer
+within ``LOOP_BLOCKED`` seconds is logged (a handler blocks it).
 
 Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep the process
 alive: a handler stuck past the grace period cannot block interpreter exit
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import itertools
@@ -40,13 +48,17 @@ from delayq.app import DelayQ
 from delayq.clock import Clock
 from delayq.job import Handler, JobContext
 from delayq.worker._commit import GroupCommitter
-from delayq.worker._decide import RETURNED, decide, format_error, timeout_error
+from delayq.worker._decide import RETURNED, Decision, decide, format_error, timeout_error
 from delayq.worker._inflight import InFlight, InFlightTable
 from delayq.worker._loop import Cancelled, EventLoopThread
 
-__all__ = ["Runner"]
+__all__ = ["LOOP_BLOCKED", "Runner"]
 
 log = logging.getLogger("delayq.worker")
+
+LOOP_BLOCKED = 1.0
+"""Seconds the asyncio loop may go without running a callback, while async handlers
+are on it, before the worker logs that a handler blocks it."""
 
 
 class Runner:
@@ -74,6 +86,9 @@ class Runner:
         self._name = name
         self._timeout = timeout
         self._unknown_grace = unknown_handler_grace
+        # A store that counts attempts from the start takes an unknown handler's
+        # hand-back with its attempt given back.
+        self._keep_attempt = "attempt_at_start" in getattr(app.backend, "features", ())
         self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
         self._thread_ids = itertools.count()
@@ -83,6 +98,12 @@ class Runner:
         self._timeouts_changed = threading.Condition(table.lock)
         self._watching_until = math.inf
         self._watcher: threading.Thread | None = None
+        # The event loop's health, guarded by the table's lock: coroutines of
+        # handlers running on it, the watcher's next look, the last ping.
+        self._async_live = 0
+        self._loop_check_at = math.inf
+        self._ping_answered = True
+        self._ping_sent = 0.0
 
     # -- threads --------------------------------------------------------------------------
     def start(self, threads: int) -> None:
@@ -163,19 +184,19 @@ class Runner:
                 handler_known=handler is not None,
                 registered=tuple(self._app.handlers) if handler is None else (),
                 unknown_grace=self._unknown_grace,
+                keep_attempt=self._keep_attempt,
             )
-        timeout = None
-        if handler is not None:
-            timeout = handler.timeout if handler.timeout is not None else self._timeout
         table = self._table
         with table.lock:
             expired = mono >= rec.lease_deadline
             returning = table.stopping or expired
             if not returning and decision is None:
                 rec.started = True
-                rec.is_async = handler is not None and handler.is_async
-                if timeout is not None:
-                    self._watch_locked(rec, mono + timeout)
+                rec.started_mono = mono
+                rec.mark_at = mono + table.mark_after
+                table.stats.start_lateness.add(
+                    claim.claimed_at + (mono - rec.mono_claimed) - job.run_at
+                )
         if returning:
             if expired and not table.stopping:
                 log.warning(
@@ -199,20 +220,40 @@ class Runner:
             claimed_at=claim.claimed_at,
             lease_until=claim.lease_until,
             created_at=job.created_at,
+            token=claim.token,
+            lease_lost=rec.lease_lost,
         )
+        return self._execute(rec, handler, ctx, mono)
+
+    def _execute(self, rec: InFlight, handler: Handler, ctx: JobContext, started: float) -> bool:
+        """Run the handler of a started attempt now: a sync one on this thread (its
+        timeout armed first), an async one on the loop (armed when it starts
+        there). False when this thread must end (see :meth:`_attempt`)."""
+        clock = self._clock
         if handler.is_async:
-            self._start_async(rec, handler, ctx, mono)
+            self._start_async(rec, handler, ctx, started)
             return True
+        timeout = self._timeout_of(handler)
+        if timeout is not None:
+            self._arm_timeout(rec, started + timeout)
         try:
-            result = handler.call(job.payload, ctx)
+            result = handler.call(rec.claim.job.payload, ctx)
         except BaseException as exc:  # SystemExit from a handler is its failure too
-            return self._finish(rec, exc, clock.monotonic() - mono)
+            return self._finish(rec, exc, clock.monotonic() - started)
         if result is not None and inspect.isawaitable(result):
             # A sync wrapper around an async function (a decorator without
             # functools.wraps, a lambda): its coroutine runs on the loop, never dropped.
-            self._start_async(rec, handler, ctx, mono, awaitable=result)
+            with self._table.lock:
+                timed_out = rec.done
+            if timed_out:
+                if inspect.iscoroutine(result):
+                    result.close()
+                self._committer.body_ended(rec)
+                return False
+            self._disarm_timeout(rec)
+            self._start_async(rec, handler, ctx, started, awaitable=result)
             return True
-        return self._finish(rec, None, clock.monotonic() - mono)
+        return self._finish(rec, None, clock.monotonic() - started)
 
     def _finish(self, rec: InFlight, exc: BaseException | None, duration: float) -> bool:
         """Decide and record a handler's result; False when it was fenced (timed out)."""
@@ -222,6 +263,7 @@ class Runner:
             claim.claimed_at + (self._clock.monotonic() - rec.mono_claimed),
             ran=True,
             error=None if exc is None else format_error(exc),
+            started_at=claim.claimed_at + (rec.started_mono - rec.mono_claimed),
         )
         assert decision is not None
         if exc is not None:
@@ -253,17 +295,33 @@ class Runner:
                 claim.job.id,
                 claim.job.name,
             )
+        self._committer.body_ended(rec)  # a retry held for it may be recorded now
         return False
 
     def _finish_task(self, rec: InFlight, exc: BaseException | None, duration: float) -> None:
         self._finish(rec, exc, duration)
 
     # -- timeouts -------------------------------------------------------------------------
+    def _timeout_of(self, handler: Handler) -> float | None:
+        return handler.timeout if handler.timeout is not None else self._timeout
+
+    def _arm_timeout(self, rec: InFlight, deadline: float) -> None:
+        with self._table.lock:
+            if not rec.done:
+                self._watch_locked(rec, deadline)
+
+    def _disarm_timeout(self, rec: InFlight) -> None:
+        with self._table.lock:
+            rec.timeout_at = math.inf
+
     def _watch_locked(self, rec: InFlight, deadline: float) -> None:
         """Give ``rec`` a timeout deadline; wake (or start) the watcher if it is the earliest."""
         rec.timeout_at = deadline
         if deadline < self._watching_until:
             self._timeouts_changed.notify()
+        self._start_watcher_locked()
+
+    def _start_watcher_locked(self) -> None:
         if self._watcher is None:
             self._watcher = threading.Thread(
                 target=self._watch_timeouts, name=f"{self._name}-timeouts", daemon=True
@@ -271,7 +329,8 @@ class Runner:
             self._watcher.start()
 
     def _watch_timeouts(self) -> None:
-        """The timeout watcher's loop: sleep until the earliest handler deadline, expire."""
+        """The watcher's loop: sleep until the earliest handler deadline (or the next
+        look at the event loop), expire timeouts, check that the loop runs."""
         table = self._table
         clock = self._clock
         while True:
@@ -279,6 +338,7 @@ class Runner:
                 while True:
                     if table.closed:
                         return
+                    now = clock.monotonic()
                     deadline = min(
                         (
                             r.timeout_at
@@ -287,15 +347,18 @@ class Runner:
                         ),
                         default=math.inf,
                     )
-                    if deadline <= clock.monotonic():
+                    check = self._loop_check_at
+                    if deadline <= now or check <= now:
                         break
-                    self._watching_until = deadline
-                    clock.wait_until(
-                        self._timeouts_changed, None if deadline == math.inf else deadline
-                    )
+                    wake = min(deadline, check)
+                    self._watching_until = wake
+                    clock.wait_until(self._timeouts_changed, None if wake == math.inf else wake)
                 self._watching_until = math.inf
             try:
-                self.expire_timeouts()
+                if deadline <= now:
+                    self.expire_timeouts()
+                if check <= now:
+                    self._check_loop(now)
             except Exception:
                 log.exception("delayq worker: unexpected error while expiring handler timeouts")
 
@@ -312,34 +375,120 @@ class Runner:
         for rec in expired:
             claim = rec.claim
             handler = self._app.get_handler(claim.job.name)
-            timeout = self._timeout
-            if handler is not None and handler.timeout is not None:
-                timeout = handler.timeout
+            timeout = self._timeout if handler is None else self._timeout_of(handler)
             assert timeout is not None  # only a handler with a timeout has a deadline
             error = timeout_error(claim.job.name, timeout)
             decision = decide(
                 claim, claim.claimed_at + (now - rec.mono_claimed), ran=True, error=error
             )
             assert decision is not None
-            duration = now - rec.timeout_at + timeout
-            if not self._committer.finish(
-                rec, decision, duration, handler_slot=True, timed_out=True
-            ):
-                continue  # it finished meanwhile
-            log.warning(
-                "job %s (%s): attempt %d ran past its timeout; %s",
-                claim.job.id,
-                claim.job.name,
-                claim.attempt,
-                "retried" if decision.outcome == "retried" else "dead-lettered",
+            self._on_timeout(rec, decision, now - rec.timeout_at + timeout)
+
+    def _on_timeout(self, rec: InFlight, decision: Decision, duration: float) -> None:
+        """``rec``'s handler ran past its timeout: fail the attempt, free its slot.
+
+        The handler cannot be stopped at once (a sync one not at all, a cancelled
+        coroutine only at its next ``await``), so it counts as abandoned work until
+        it ends, and a retry is recorded only then: the next attempt never runs
+        beside this one. A last attempt is dead-lettered at once (nothing runs next).
+        """
+        claim = rec.claim
+        hold = decision.outcome == "retried"
+        if not self._committer.finish(
+            rec, decision, duration, handler_slot=True, timed_out=True, hold=hold
+        ):
+            return  # it finished meanwhile
+        table = self._table
+        with table.lock:
+            is_async, cancel = rec.is_async, rec.cancel
+            abandoned, cap = table.abandoned, table.abandoned_cap
+        log.warning(
+            "job %s (%s): attempt %d ran past its timeout; %s",
+            claim.job.id,
+            claim.job.name,
+            claim.attempt,
+            "retried once its handler ends" if hold else "dead-lettered",
+        )
+        if abandoned >= cap:
+            log.error(
+                "%d handler(s) run on past their timeout (max_abandoned=%d): this worker "
+                "claims no more jobs until some end, and reports itself unhealthy",
+                abandoned,
+                cap,
             )
-            with self._table.lock:
-                is_async, cancel = rec.is_async, rec.cancel
-            if is_async:
-                if cancel is not None:  # else _start_async cancels it as it starts
-                    cancel()
+        if is_async:
+            if cancel is not None:
+                cancel()
+        else:
+            self._spawn()  # the stuck thread is left to its handler
+
+    def on_lease_lost(self, rec: InFlight) -> None:
+        """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set, which
+        the handler sees as ``ctx.lease_lost``): an async handler is cancelled, as
+        its result could not be recorded any more and another worker may run the
+        job now; a sync one is told only (it cannot be interrupted)."""
+        with self._table.lock:
+            cancel = rec.cancel if rec.is_async and not rec.done else None
+        if cancel is not None:
+            log.warning(
+                "job %s (%s): cancelling its async handler, its lease is lost",
+                rec.claim.job.id,
+                rec.claim.job.name,
+            )
+            cancel()
+
+    # -- the event loop's health ----------------------------------------------------------
+    def _loop_started_locked(self) -> None:
+        """An async handler began on the loop: watch that the loop keeps running."""
+        self._async_live += 1
+        if self._async_live == 1 and self._loop_check_at == math.inf:
+            self._loop_check_at = self._clock.monotonic() + LOOP_BLOCKED
+            if self._loop_check_at < self._watching_until:
+                self._timeouts_changed.notify()
+            self._start_watcher_locked()
+
+    def _check_loop(self, now: float) -> None:
+        """Ping the loop; an unanswered ping after ``LOOP_BLOCKED`` seconds means a
+        handler blocks it (sync I/O or ``time.sleep`` inside ``async def``)."""
+        table = self._table
+        with table.lock:
+            if self._async_live == 0 and table.loop_blocked_since is None:
+                self._loop_check_at = math.inf
+                return
+            self._loop_check_at = now + LOOP_BLOCKED
+            if not self._ping_answered:
+                if table.loop_blocked_since is None:
+                    table.loop_blocked_since = self._ping_sent
+                    table.stats.loop_blocked += 1
+                    blocked = now - self._ping_sent
+                else:
+                    return
             else:
-                self._spawn()  # the stuck thread is left to its handler
+                self._ping_answered = False
+                self._ping_sent = now
+                blocked = 0.0
+            loop = self._loop
+        if blocked:
+            log.warning(
+                "the asyncio loop of async handlers has not run for %.1fs: a handler blocks it "
+                "(time.sleep or blocking I/O inside async def); every async handler waits",
+                blocked,
+            )
+            return
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed: replaced at the next start
+                loop.loop.call_soon_threadsafe(self._pong)
+
+    def _pong(self) -> None:
+        """On the loop thread: the loop runs callbacks again."""
+        table = self._table
+        with table.lock:
+            self._ping_answered = True
+            since = table.loop_blocked_since
+            table.loop_blocked_since = None
+            now = self._clock.monotonic()
+        if since is not None:
+            log.warning("the asyncio loop runs again after %.1fs blocked", now - since)
 
     # -- async handlers -------------------------------------------------------------------
     def _event_loop(self, *, replace: bool = False) -> asyncio.AbstractEventLoop:
@@ -362,16 +511,33 @@ class Runner:
     ) -> None:
         """Run an async handler (or await what a sync one returned) on the loop thread.
 
+        The coroutine first checks that its attempt is still undecided (a
+        handler whose attempt ended while it waited for the loop, by a lost
+        lease or a stop, never starts), and its timeout starts then, when it
+        really starts: a loop blocked by another handler does not use up its time.
+
         Every way the handler can end becomes a recorded result: ``invoke``
         returns the handler's exception, BaseExceptions such as ``SystemExit``
         included (inside a task they would otherwise escape the loop and end it);
         only a cancellation propagates, recorded as :class:`Cancelled` unless
         the attempt was already decided (a timeout) or abandoned at shutdown.
+        A timed-out coroutine that goes on after its cancel (it swallowed the
+        ``CancelledError``) is abandoned work until it really ends.
         """
         clock = self._clock
+        table = self._table
         payload = rec.claim.job.payload
+        timeout = self._timeout_of(handler)
 
         async def invoke() -> BaseException | None:
+            with table.lock:
+                if rec.done or rec.abandoned:
+                    if awaitable is not None and inspect.iscoroutine(awaitable):
+                        awaitable.close()
+                    return None  # decided before it could start: never run it
+                self._loop_started_locked()
+                if timeout is not None:
+                    self._watch_locked(rec, clock.monotonic() + timeout)
             try:
                 result = handler.call(payload, ctx) if awaitable is None else awaitable
                 if inspect.isawaitable(result):
@@ -380,6 +546,12 @@ class Runner:
                 raise  # a cancellation, or this coroutine being closed: not swallowed
             except BaseException as exc:  # SystemExit, KeyboardInterrupt: would end the loop
                 return exc
+            finally:
+                with table.lock:
+                    self._async_live -= 1
+                    alive = rec.body_alive
+                if alive:  # timed out earlier: its held retry is recorded now (not on the loop)
+                    table.add_task(functools.partial(self._committer.body_ended, rec))
             return None
 
         coro = invoke()
@@ -394,16 +566,16 @@ class Runner:
                 awaitable.close()
             self._finish(rec, exc, clock.monotonic() - started)
             return
-        with self._table.lock:
+        with table.lock:
             rec.is_async = True
             rec.cancel = future.cancel
-            timed_out = rec.done  # its timeout passed while it was being started
-        if timed_out:
+            decided = rec.done  # decided while it was being started
+        if decided:
             future.cancel()
 
         def done(f: concurrent.futures.Future[BaseException | None]) -> None:
             # Runs on the loop thread: hand the store calls to a handler thread.
-            with self._table.lock:
+            with table.lock:
                 if rec.done or rec.abandoned:
                     return  # timed out (already recorded) or cancelled at shutdown
             exc: BaseException | None
@@ -412,6 +584,6 @@ class Runner:
             else:
                 exc = f.exception() or f.result()
             duration = clock.monotonic() - started
-            self._table.add_task(functools.partial(self._finish_task, rec, exc, duration))
+            table.add_task(functools.partial(self._finish_task, rec, exc, duration))
 
         future.add_done_callback(done)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COUNTERS", "Histogram", "WorkerStats", "percentile"]
+__all__ = ["COUNTERS", "Histogram", "WorkerHealth", "WorkerStats", "percentile"]
 
 _log = math.log
 
@@ -103,10 +103,15 @@ class Histogram:
 class WorkerStats:
     """Counters since the worker started, lateness and handler-duration percentiles (seconds).
 
+    ``lateness`` is claim time minus due time, ``start_lateness`` handler start
+    minus due time (a wait in prefetch for a slot included).
+
     Percentiles come from fixed-size histograms: within about 4.4% of the
     exact value (see :class:`Histogram`); maxima are exact. ``timeouts``
-    counts handlers that ran past their timeout; ``prefetched`` the claims
-    held ready for a free slot right now.
+    counts handlers that ran past their timeout; ``abandoned`` those of them
+    still running right now (sync threads, cancelled coroutines that go on);
+    ``loop_blocked`` how often a handler blocked the asyncio loop for a second
+    or more; ``prefetched`` the claims held ready for a free slot right now.
     """
 
     claimed: int = 0
@@ -118,11 +123,16 @@ class WorkerStats:
     stale: int = 0
     errors: int = 0
     timeouts: int = 0
+    abandoned: int = 0
+    loop_blocked: int = 0
     in_flight: int = 0
     prefetched: int = 0
     lateness_p50: float = math.nan
     lateness_p99: float = math.nan
     lateness_max: float = math.nan
+    start_lateness_p50: float = math.nan
+    start_lateness_p99: float = math.nan
+    start_lateness_max: float = math.nan
     duration_p50: float = math.nan
     duration_p99: float = math.nan
     duration_max: float = math.nan
@@ -131,27 +141,59 @@ class WorkerStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerHealth:
+    """What a health check judges, read at one instant (monotonic seconds).
+
+    ``beats``: the last loop turn of each part (``dispatcher``; ``leases``, which
+    only turns while claims are held); ``stuck_calls``: part -> when its store
+    call now under way began (``dispatcher``: claim, ``leases``: extend_many,
+    ``committer``: complete), a call older than ``lease / 3`` is stuck;
+    ``abandoned`` / ``abandoned_cap``: handlers running on past their timeout
+    (at the cap the worker claims nothing); ``loop_blocked_since``: the asyncio
+    loop of async handlers stopped answering then (None while it answers);
+    ``oldest_result_waiting``: when the oldest result not yet recorded was decided.
+    """
+
+    now: float
+    lease: float
+    in_flight: int
+    beats: dict[str, float]
+    stuck_calls: dict[str, float]
+    abandoned: int
+    abandoned_cap: int
+    loop_blocked_since: float | None
+    oldest_result_waiting: float | None
+
+
 class StatsBook:
     """The counters and histograms behind :class:`WorkerStats` (guarded by the caller)."""
 
-    __slots__ = ("counts", "duration", "lateness", "timeouts")
+    __slots__ = ("counts", "duration", "lateness", "loop_blocked", "start_lateness", "timeouts")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.lateness = Histogram()
+        self.start_lateness = Histogram()
         self.duration = Histogram()
         self.timeouts = 0
+        self.loop_blocked = 0
 
-    def snapshot(self, *, in_flight: int, prefetched: int) -> WorkerStats:
-        late, dur = self.lateness, self.duration
+    def snapshot(self, *, in_flight: int, prefetched: int, abandoned: int = 0) -> WorkerStats:
+        late, dur, start = self.lateness, self.duration, self.start_lateness
         return WorkerStats(
             **self.counts,
             timeouts=self.timeouts,
+            abandoned=abandoned,
+            loop_blocked=self.loop_blocked,
             in_flight=in_flight,
             prefetched=prefetched,
             lateness_p50=late.percentile(50),
             lateness_p99=late.percentile(99),
             lateness_max=late.max if late.count else math.nan,
+            start_lateness_p50=start.percentile(50),
+            start_lateness_p99=start.percentile(99),
+            start_lateness_max=start.max if start.count else math.nan,
             duration_p50=dur.percentile(50),
             duration_p99=dur.percentile(99),
             duration_max=dur.max if dur.count else math.nan,

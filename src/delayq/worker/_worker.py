@@ -19,9 +19,9 @@ from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher
 from delayq.worker._inflight import InFlightTable
-from delayq.worker._leases import LeaseKeeper
+from delayq.worker._leases import MARK_AFTER, LeaseKeeper
 from delayq.worker._runner import Runner
-from delayq.worker._stats import WorkerStats
+from delayq.worker._stats import WorkerHealth, WorkerStats
 
 __all__ = ["Worker"]
 
@@ -47,10 +47,13 @@ class Worker:
     before it is dead-lettered. ``on_result`` is called (on a handler thread,
     never under a lock) with a :class:`JobResult` after each attempt is
     recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
-    backend wakes the worker when a job arrives).
+    backend wakes the worker when a job arrives). ``max_abandoned`` (default
+    ``concurrency``) caps the handlers that ran past their timeout and still
+    run (a sync thread, a cancelled coroutine that goes on): at the cap the
+    worker claims nothing more until one ends.
 
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
-    (claims and prefetch, lease and commit deadlines), the lease keeper, the runner
+    (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
     (handler threads, the event loop, timeouts), the group committer, and the
     pure ``decide()``.
     """
@@ -70,6 +73,7 @@ class Worker:
         idle_wait: float = 10.0,
         on_result: Callable[[JobResult], None] | None = None,
         name: str = "delayq-worker",
+        max_abandoned: int | None = None,
     ) -> None:
         self.app = app
         self._backend: Backend = app.backend
@@ -93,8 +97,16 @@ class Worker:
         self.name = name
         gather = max(1, min(self.batch, self.concurrency) // 2)
         self._table = InFlightTable(
-            concurrency=self.concurrency, prefetch=self.prefetch, grace=self.grace
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+            grace=self.grace,
+            abandoned_cap=(
+                self.concurrency
+                if max_abandoned is None
+                else _positive_int(max_abandoned, "max_abandoned")
+            ),
         )
+        self._table.mark_after = min(MARK_AFTER, self.lease / 10)
         self._committer = GroupCommitter(
             self._table,
             self._backend,
@@ -113,11 +125,18 @@ class Worker:
             timeout=self.timeout,
             unknown_handler_grace=self.unknown_handler_grace,
         )
+        self._keeper = LeaseKeeper(
+            self._table,
+            self._backend,
+            self.clock,
+            lease=self.lease,
+            name=name,
+            on_lease_lost=self._runner.on_lease_lost,
+        )
         self._dispatcher = Dispatcher(
             self._table,
             self._backend,
             self.clock,
-            keeper=LeaseKeeper(self._table, self._backend, self.clock, lease=self.lease),
             committer=self._committer,
             lease=self.lease,
             batch=self.batch,
@@ -138,6 +157,7 @@ class Worker:
             # One thread more than handlers: the thread committing a batch of
             # results never holds up a claimed job.
             self._runner.start(self.concurrency + 1)
+            self._keeper.start()
             self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         self._thread.start()
         return self
@@ -262,7 +282,31 @@ class Worker:
         """
         table = self._table
         with table.lock:
-            return table.stats.snapshot(in_flight=len(table.records), prefetched=len(table.ready))
+            return table.stats.snapshot(
+                in_flight=len(table.records), prefetched=len(table.ready), abandoned=table.abandoned
+            )
+
+    def health_snapshot(self) -> WorkerHealth:
+        """The facts a liveness check judges (see :class:`WorkerHealth`), read under
+        the in-flight table's lock at one instant of the worker's clock."""
+        table = self._table
+        committer = self._committer
+        with table.lock:
+            stuck = dict(table.stuck_call)
+            calling = committer.call_started
+            if calling is not None:
+                stuck["committer"] = calling
+            return WorkerHealth(
+                now=self.clock.monotonic(),
+                lease=self.lease,
+                in_flight=len(table.records),
+                beats=dict(table.beats),
+                stuck_calls=stuck,
+                abandoned=table.abandoned,
+                abandoned_cap=table.abandoned_cap,
+                loop_blocked_since=table.loop_blocked_since,
+                oldest_result_waiting=committer.oldest_waiting_locked(),
+            )
 
     # -- the dispatcher thread ------------------------------------------------
     def _main(self) -> None:

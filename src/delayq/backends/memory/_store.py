@@ -12,12 +12,13 @@ import heapq
 import itertools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
+    MAX_UNSTARTED,
     PURGE_BATCH,
     RELEASED_NOTE,
     TTL_STATES,
@@ -38,6 +39,8 @@ from delayq.backends._common import (
     resolve_conflicts,
     stale_claim,
     undecodable_error,
+    unstarted_expired_error,
+    unstarted_expired_note,
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
@@ -78,6 +81,8 @@ class _Record:
     seq: int  # enqueue order, breaks run_at ties (FIFO)
     state: JobState = JobState.SCHEDULED
     attempts: int = 0
+    started: bool = False  # the current claim's handler is known to have started
+    unstarted: int = 0  # leases that ran out with no recorded start
     last_error: str | None = None
     outcome: str | None = None
     lease_until: float | None = None
@@ -139,7 +144,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "definite_cancel", "inspect", "recurring", "flow_control"}
+        {"attempt_at_start", "clock", "definite_cancel", "inspect", "recurring", "flow_control"}
     )
 
     def __init__(
@@ -307,9 +312,24 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
             self._expire_lease(self._jobs[job_id], expiry, now)
 
     def _expire_lease(self, rec: _Record, expiry: float, now: float) -> None:
-        """End a lease that ran out: buried after the last attempt, else due again.
+        """End a lease that ran out: buried after the last attempt, else due again;
+        with no recorded start it was no attempt (see ``attempt_at_start``).
         (A stale heap entry left behind is skipped by ``_next_lease_expiry``.)"""
         self._free_slot(rec)
+        if not rec.started:
+            rec.attempts = max(0, rec.attempts - 1)
+            rec.unstarted += 1
+            if rec.unstarted >= MAX_UNSTARTED:
+                rec.last_error = unstarted_expired_error(expiry, rec.unstarted)
+                self._finish(rec, JobState.DEAD, now)
+                return
+            # Its place kept (its own due time), like a release.
+            rec.last_error = unstarted_expired_note(expiry)
+            rec.state = JobState.SCHEDULED
+            rec.lease_until = None
+            rec.updated_at = now
+            self._schedule(rec)
+            return
         if rec.attempts >= rec.max_attempts:
             rec.last_error = lease_expired_error(expiry, rec.attempts, rec.max_attempts)
             self._finish(rec, JobState.DEAD, now)
@@ -463,6 +483,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
                     self._finish(rec, JobState.DEAD, at)
                     continue
                 rec.state = JobState.RUNNING
+                rec.started = False
                 rec.token = next(self._tokens)
                 rec.lease_until = at + lease
                 rec.updated_at = at
@@ -492,10 +513,14 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
                 results.append(None)
                 self._free_slot(rec)
                 if item.released:
-                    # Back to its place in the due order, the attempt given back.
+                    # Back to its place in the due order (or to run_at), the attempt given back.
                     rec.state = JobState.SCHEDULED
                     rec.attempts = max(0, rec.attempts - 1)
-                    if rec.last_error is None:  # an earlier attempt's error is kept
+                    if item.run_at is not None:
+                        rec.run_at = item.run_at
+                    if item.error is not None:
+                        rec.last_error = clip_error(item.error)
+                    elif rec.last_error is None:  # an earlier attempt's error is kept
                         rec.last_error = RELEASED_NOTE
                     rec.lease_until = None
                     rec.updated_at = now
@@ -530,6 +555,28 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
             rec.updated_at = now
             heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
             return replace(claim, job=rec.to_job(), lease_until=rec.lease_until)
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        lease = check_lease(lease)
+        with self._lock:
+            self._check_open()
+            now = self._clock.time()
+            answers: list[Claim | StaleClaim] = []
+            for claim in claims:
+                try:
+                    rec = self._current(claim)
+                except StaleClaim as exc:
+                    answers.append(exc)
+                    continue
+                if claim.token in started:
+                    rec.started = True
+                rec.lease_until = now + lease
+                rec.updated_at = now
+                heapq.heappush(self._leases, (rec.lease_until, rec.token, rec.id))
+                answers.append(replace(claim, job=rec.to_job(), lease_until=rec.lease_until))
+            return answers
 
     def wait_for_due(self, max_wait: float) -> None:
         max_wait = check_max_wait(max_wait)
@@ -639,6 +686,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
             head = self._next_due()
             rec.state = JobState.SCHEDULED
             rec.attempts = 0
+            rec.unstarted = 0
             rec.run_at = run_at
             rec.outcome = None
             rec.updated_at = self._clock.time()

@@ -29,6 +29,7 @@ from delayq.backends._urls import mask
 from delayq.errors import BackendError, BackendUnavailable, ConfigurationError
 
 __all__ = [
+    "CALL_TIMEOUT",
     "SCRIPT_NAMES",
     "Connection",
     "mapped_error",
@@ -84,6 +85,14 @@ SCRIPT_FLAGS = {
 """What each script does when Redis is out of memory, as its ``#!lua flags=``
 line (Redis 7 and later check it before the script runs; older servers get the
 scripts without it and refuse the first memory-growing command inside one)."""
+
+CALL_TIMEOUT = 5.0
+"""Seconds one Redis call may take (``socket_timeout`` and ``socket_connect_timeout``
+unless the URL or the options set them): a hung connection fails the call instead of
+stalling a worker's thread past its leases (a third of the 30 s default lease is 10 s).
+Blocked waits (BLPOP) keep their own deadlines."""
+
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 
 # URL query parameters that are delayq options, not redis-py connection options.
 _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -338,7 +347,9 @@ class Connection:
     ) -> None:
         self.url = masked_url
         self.anchor = anchor
-        options = {"retry": Retry(NoBackoff(), 0), **options, "decode_responses": True}
+        query = dict(parse_qsl(urlsplit(redis_url).query))
+        bounded = {k: CALL_TIMEOUT for k in _TIMEOUTS if k not in query}
+        options = {"retry": Retry(NoBackoff(), 0), **bounded, **options, "decode_responses": True}
         try:
             if client is not None:
                 self.client = self.blocking = client

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from delayq.backends._common import RELEASED_NOTE, readable_json
+from delayq.backends._common import RELEASED_NOTE, clip_error, readable_json
 from delayq.backends.base import Completion
 from delayq.codec import decode_payload
 from delayq.job import Job, JobSpec, JobState
@@ -86,13 +86,15 @@ def completion_args(items: Sequence[Completion]) -> list[Any]:
     args: list[Any] = [len(items)]
     for item in items:
         retrying = item.state is JobState.SCHEDULED
-        text = item.error if retrying or item.state is JobState.DEAD else item.outcome
+        text = clip_error(item.error if retrying or item.state is JobState.DEAD else item.outcome)
+        tag = item.state.value
         if item.released:
-            text = RELEASED_NOTE
+            tag = "release" if item.error is None else "release_note"
+            text = RELEASED_NOTE if item.error is None else clip_error(item.error)
         args += (
             item.claim.job.id,
             item.claim.token,
-            "release" if item.released else item.state.value,
+            tag,
             repr(item.run_at) if item.run_at is not None else "",
             text or "",
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -24,6 +24,7 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    clip_error,
     conflict_error,
     stale_claim,
     undecodable_error,
@@ -149,7 +150,16 @@ class RedisBackend(RedisInspection, RedisSchedules):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "server_clock", "definite_cancel", "inspect", "recurring"}
+        {
+            "attempt_at_start",
+            "clock",
+            "shared",
+            "durable",
+            "server_clock",
+            "definite_cancel",
+            "inspect",
+            "recurring",
+        }
     )
 
     def __init__(
@@ -424,18 +434,22 @@ class RedisBackend(RedisInspection, RedisSchedules):
         self, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
     ) -> None:
         state = check_ack_state(state)
-        reply = self._run("ack", [claim.job.id, claim.token, state.value, outcome or ""])
+        reply = self._run(
+            "ack", [claim.job.id, claim.token, state.value, clip_error(outcome) or ""]
+        )
         if not int(reply[0]):
             raise self._stale(claim, reply)
 
     def retry(self, claim: Claim, run_at: float, error: str) -> None:
-        reply = self._run("retry", [claim.job.id, claim.token, repr(check_run_at(run_at)), error])
+        reply = self._run(
+            "retry", [claim.job.id, claim.token, repr(check_run_at(run_at)), clip_error(error)]
+        )
         if not int(reply[0]):
             raise self._stale(claim, reply)
         self._wakes.woke(reply[1])
 
     def bury(self, claim: Claim, error: str) -> None:
-        reply = self._run("bury", [claim.job.id, claim.token, error])
+        reply = self._run("bury", [claim.job.id, claim.token, clip_error(error)])
         if not int(reply[0]):
             raise self._stale(claim, reply)
 
@@ -484,13 +498,29 @@ class RedisBackend(RedisInspection, RedisSchedules):
         ]
 
     def extend(self, claim: Claim, lease: float) -> Claim:
+        [answer] = self.extend_many([claim], lease)
+        if isinstance(answer, StaleClaim):
+            raise answer
+        return answer
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
         lease = check_lease(lease)
-        reply = self._run("extend", [claim.job.id, claim.token, repr(lease)])
-        if not int(reply[0]):
-            raise self._stale(claim, reply)
-        job = job_of(claim.job.id, pairs(reply[1]))
-        assert job.lease_until is not None
-        return replace(claim, job=job, lease_until=job.lease_until)
+        if not claims:
+            return []
+        args: list[Any] = [repr(lease)]
+        for claim in claims:
+            args += [claim.job.id, claim.token, 1 if claim.token in started else 0]
+        answers: list[Claim | StaleClaim] = []
+        for claim, reply in zip(claims, self._run("extend", args), strict=True):
+            if not int(reply[0]):
+                answers.append(self._stale(claim, reply))
+                continue
+            job = job_of(claim.job.id, pairs(reply[1]))
+            assert job.lease_until is not None
+            answers.append(replace(claim, job=job, lease_until=job.lease_until))
+        return answers
 
     def wait_for_due(self, max_wait: float) -> None:
         """Block until a job may be due (see the package docstring for how).

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from delayq.backends._common import (
+    MAX_UNSTARTED,
     PURGE_BATCH,
     RELEASED_NOTE,
     clip_error,
@@ -24,6 +25,8 @@ from delayq.backends._common import (
     resolve_conflicts,
     stale_claim,
     undecodable_error,
+    unstarted_expired_error,
+    unstarted_expired_note,
 )
 from delayq.backends.base import Completion
 from delayq.backends.sqlite._flow import flow_claim_rows, flow_in_use, flow_rows, mark_flow_used
@@ -38,6 +41,7 @@ from delayq.backends.sqlite._schema import (
     INSERT,
     NEXT_LEASE,
     RELEASE,
+    RELEASE_AT,
     RETRY,
     TTL_STATE_VALUES,
     claimed_job,
@@ -132,18 +136,36 @@ def purge_dead_batch(conn: sqlite3.Connection, cutoff: float) -> bool:
 
 
 def _expire_lease(
-    conn: sqlite3.Connection, lease: tuple[int, int, int, float], now: float
-) -> JobState:
-    """Apply the end of one expired lease ``(seq, attempts, max_attempts,
-    lease_until)``: buried after its last attempt, else due again."""
-    seq, attempts, max_attempts, lease_until = lease
+    conn: sqlite3.Connection, lease: tuple[int, int, int, float, int, int], now: float
+) -> tuple[JobState, int]:
+    """Apply the end of one expired lease ``(seq, attempts, max_attempts, lease_until,
+    started, unstarted)``: buried after its last attempt, else due again; with no
+    recorded start it was no attempt (``attempt_at_start``). Returns the new state
+    and attempts."""
+    seq, attempts, max_attempts, lease_until, started, unstarted = lease
+    if not started:
+        attempts, unstarted = max(0, attempts - 1), unstarted + 1
+        if unstarted >= MAX_UNSTARTED:
+            conn.execute(
+                "UPDATE delayq_jobs SET state = 'dead', attempts = ?, unstarted = ?, "
+                "last_error = ?, lease_until = NULL, updated_at = ? WHERE seq = ?",
+                (attempts, unstarted, unstarted_expired_error(lease_until, unstarted), now, seq),
+            )
+            return JobState.DEAD, attempts
+        # Its place kept (its own run_at), like a release.
+        conn.execute(
+            "UPDATE delayq_jobs SET state = 'scheduled', attempts = ?, unstarted = ?, "
+            "last_error = ?, lease_until = NULL, updated_at = ? WHERE seq = ?",
+            (attempts, unstarted, unstarted_expired_note(lease_until), now, seq),
+        )
+        return JobState.SCHEDULED, attempts
     if attempts >= max_attempts:
         conn.execute(
             "UPDATE delayq_jobs SET state = 'dead', last_error = ?, lease_until = NULL, "
             "updated_at = ? WHERE seq = ?",
             (lease_expired_error(lease_until, attempts, max_attempts), now, seq),
         )
-        return JobState.DEAD
+        return JobState.DEAD, attempts
     # Due again from the moment the lease ran out: lateness (and the misfire
     # policy) is measured from there, not from the first due time.
     conn.execute(
@@ -151,13 +173,13 @@ def _expire_lease(
         "lease_until = NULL, updated_at = ? WHERE seq = ?",
         (lease_until, lease_expired_note(lease_until, attempts), now, seq),
     )
-    return JobState.SCHEDULED
+    return JobState.SCHEDULED, attempts
 
 
 def expire_leases(conn: sqlite3.Connection, now: float) -> None:
     """End every lease that ran out by ``now`` (see :func:`_expire_lease`)."""
-    for seq, attempts, max_attempts, lease_until in conn.execute(EXPIRED_LEASES, (now,)).fetchall():
-        _expire_lease(conn, (seq, attempts, max_attempts, lease_until), now)
+    for row in conn.execute(EXPIRED_LEASES, (now,)).fetchall():
+        _expire_lease(conn, (row[0], row[1], row[2], row[3], row[4], row[5]), now)
 
 
 def insert_specs(
@@ -226,8 +248,8 @@ def find_changeable(
     attempt reported) or, after its last attempt, dead (finished).
     """
     row = conn.execute(
-        "SELECT seq, state, updated_at, attempts, max_attempts, lease_until "
-        "FROM delayq_jobs WHERE id = ?",
+        "SELECT seq, state, updated_at, attempts, max_attempts, lease_until, started, "
+        "unstarted FROM delayq_jobs WHERE id = ?",
         (job_id,),
     ).fetchone()
     if row is None or is_expired(row[1], row[2], cutoff):
@@ -237,7 +259,9 @@ def find_changeable(
         lease_until = row[5]
         if lease_until is None or lease_until > now:
             return None, "running", attempts
-        state = _expire_lease(conn, (seq, attempts, int(row[4]), float(lease_until)), now)
+        state, attempts = _expire_lease(
+            conn, (seq, attempts, int(row[4]), float(lease_until), row[6], row[7]), now
+        )
     if state is not JobState.SCHEDULED:
         return None, "finished", attempts
     return seq, "scheduled", attempts
@@ -274,8 +298,8 @@ def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> 
     last = conn.execute("SELECT value FROM delayq_meta WHERE key = 'token'").fetchone()[0]
     conn.execute("UPDATE delayq_meta SET value = ? WHERE key = 'token'", (last + len(jobs),))
     conn.executemany(
-        "UPDATE delayq_jobs SET state = 'running', attempts = attempts + 1, token = ?, "
-        "lease_until = ?, updated_at = ?, run_at = COALESCE(flow_run_at, run_at), "
+        "UPDATE delayq_jobs SET state = 'running', attempts = attempts + 1, started = 0, "
+        "token = ?, lease_until = ?, updated_at = ?, run_at = COALESCE(flow_run_at, run_at), "
         "flow_run_at = NULL WHERE seq = ?",
         [(last + 1 + i, lease_until, at, seq) for i, (seq, _job) in enumerate(jobs)],
     )
@@ -309,8 +333,13 @@ def complete_items(
     earliest: float | None = None
     for item in items:
         if item.released:
-            assignments = RELEASE
-            params: tuple[Any, ...] = (RELEASED_NOTE, RELEASED_NOTE, now)
+            if item.run_at is None and item.error is None:
+                assignments = RELEASE
+                params: tuple[Any, ...] = (RELEASED_NOTE, RELEASED_NOTE, now)
+            else:
+                assignments = RELEASE_AT
+                note = clip_error(item.error)
+                params = (item.run_at, note, note, RELEASED_NOTE, RELEASED_NOTE, now)
         elif item.state is JobState.SCHEDULED:
             assert item.run_at is not None
             assignments = RETRY
@@ -327,7 +356,7 @@ def complete_items(
             results.append(exc)
             continue
         results.append(None)
-        run_at = item.claim.job.run_at if item.released else item.run_at
+        run_at = item.run_at if item.run_at is not None else item.claim.job.run_at
         if item.claim.job.key is not None:  # a slot freed: a job parked for it may go now
             run_at = now if run_at is None else min(run_at, now)
         if run_at is not None:

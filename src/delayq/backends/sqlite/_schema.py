@@ -16,7 +16,7 @@ from delayq.job import Job, JobState
 
 Synchronous = Literal["normal", "full"]
 
-DEFAULT_BUSY_TIMEOUT = 10.0
+DEFAULT_BUSY_TIMEOUT = 5.0
 """Seconds a write waits for another process's write lock before failing."""
 
 SCHEMA_VERSION = 1
@@ -49,7 +49,9 @@ CREATE TABLE IF NOT EXISTS delayq_jobs (
     last_error   TEXT,
     outcome      TEXT,
     lease_until  REAL,
-    token        INTEGER NOT NULL DEFAULT 0
+    token        INTEGER NOT NULL DEFAULT 0,
+    started      INTEGER NOT NULL DEFAULT 0,  -- the current claim's handler is known to run
+    unstarted    INTEGER NOT NULL DEFAULT 0   -- leases that ran out with no recorded start
 );
 -- claim, next_due, list by state and due window: O(log n)
 CREATE INDEX IF NOT EXISTS delayq_jobs_due ON delayq_jobs (state, run_at, seq);
@@ -106,7 +108,7 @@ HEAD = (  # a parked job (run_at = _flow.PARKED_AT) waits for a slot, not a time
     "ORDER BY run_at LIMIT 1"
 )
 EXPIRED_LEASES = (
-    "SELECT seq, attempts, max_attempts, lease_until FROM delayq_jobs "
+    "SELECT seq, attempts, max_attempts, lease_until, started, unstarted FROM delayq_jobs "
     "WHERE state = 'running' AND lease_until <= ?"
 )
 NEXT_LEASE = (
@@ -121,7 +123,21 @@ RELEASE = (
     "last_error = CASE WHEN last_error IS NULL OR last_error = ? THEN ? ELSE last_error END, "
     "lease_until = NULL, updated_at = ?"
 )
+# A release with a due time and a note (an unknown handler's hand-back, a stop).
+RELEASE_AT = (
+    "state = 'scheduled', attempts = MAX(attempts - 1, 0), run_at = COALESCE(?, run_at), "
+    "last_error = CASE WHEN ? IS NOT NULL THEN ? "
+    "WHEN last_error IS NULL OR last_error = ? THEN ? ELSE last_error END, "
+    "lease_until = NULL, updated_at = ?"
+)
 BURY = "state = 'dead', last_error = ?, lease_until = NULL, updated_at = ?"
+EXTEND = "lease_until = ?, updated_at = ?"
+EXTEND_STARTED = "lease_until = ?, updated_at = ?, started = 1"
+# Columns added after the first release, added to an older file when it is opened.
+ADDED_COLUMNS = (
+    ("started", "INTEGER NOT NULL DEFAULT 0"),
+    ("unstarted", "INTEGER NOT NULL DEFAULT 0"),
+)
 TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
 
@@ -261,6 +277,10 @@ def open_connection(
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        present = {row[1] for row in conn.execute("PRAGMA table_info(delayq_jobs)")}
+        for column, definition in ADDED_COLUMNS:
+            if column not in present:
+                conn.execute(f"ALTER TABLE delayq_jobs ADD COLUMN {column} {definition}")
         _create_counts(conn)
         add_flow_schema(conn)
         conn.execute(

@@ -13,7 +13,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
@@ -42,6 +42,8 @@ from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
     DEFAULT_BUSY_TIMEOUT,
+    EXTEND,
+    EXTEND_STARTED,
     FALLBACK_POLL,
     NOT_EXPIRED,
     PURGE_EVERY,
@@ -113,7 +115,9 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
     * ``synchronous``: ``"full"`` (default: every commit survives power loss) or
       ``"normal"`` (survives a process crash; faster single writes).
     * ``busy_timeout``: seconds a write waits for its turn (another process
-      writing) before raising :class:`~delayq.errors.BackendUnavailable` (default 10).
+      writing) before raising :class:`~delayq.errors.BackendUnavailable` (default 5:
+      under a third of the worker's default 30 s lease, so a stalled write fails
+      before leases lapse).
     * ``result_ttl``: seconds finished records are kept (default 7 days).
     * ``dead_ttl``: seconds dead letters are kept (default None: until purged
       or requeued).
@@ -129,7 +133,16 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"clock", "shared", "durable", "definite_cancel", "inspect", "recurring", "flow_control"}
+        {
+            "attempt_at_start",
+            "clock",
+            "shared",
+            "durable",
+            "definite_cancel",
+            "inspect",
+            "recurring",
+            "flow_control",
+        }
     )
 
     def __init__(
@@ -467,9 +480,29 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
         lease = check_lease(lease)
         with self._write("extending a lease", durable=False) as conn:
             now = self._clock.time()
-            ops.finish_claim(conn, claim, "lease_until = ?, updated_at = ?", (now + lease, now))
+            ops.finish_claim(conn, claim, EXTEND, (now + lease, now))
         job = replace(claim.job, lease_until=now + lease, updated_at=now)
         return replace(claim, job=job, lease_until=now + lease)
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        lease = check_lease(lease)
+        if not claims:
+            return []
+        answers: list[Claim | StaleClaim] = []
+        with self._write("extending leases", durable=False) as conn:
+            now = self._clock.time()
+            for claim in claims:
+                try:
+                    assignments = EXTEND_STARTED if claim.token in started else EXTEND
+                    ops.finish_claim(conn, claim, assignments, (now + lease, now))
+                except StaleClaim as exc:
+                    answers.append(exc)
+                    continue
+                job = replace(claim.job, lease_until=now + lease, updated_at=now)
+                answers.append(replace(claim, job=job, lease_until=now + lease))
+        return answers
 
     def wait_for_due(self, max_wait: float) -> None:
         """Sleep until a job is due, a lease expires, the schedule moves earlier
@@ -653,8 +686,8 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
             assert run_at is not None
             head = ops.head(conn)
             cur = conn.execute(
-                "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, run_at = ?, "
-                "outcome = NULL, lease_until = NULL, updated_at = ? "
+                "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, unstarted = 0, "
+                "run_at = ?, outcome = NULL, lease_until = NULL, updated_at = ? "
                 "WHERE id = ? AND state = 'dead'",
                 (run_at, now, job_id),
             )

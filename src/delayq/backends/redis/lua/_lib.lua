@@ -232,16 +232,44 @@ local function new_tokens(count)
   return first
 end
 
+-- The most leases of one job that may run out with no recorded start before it is
+-- buried (mirrors MAX_UNSTARTED in _common.py; a test checks they agree).
+local MAX_UNSTARTED = 5
+
+-- The fields recover_lease reads (HMGET key, unpack(LEASE_FIELDS)).
+local LEASE_FIELDS = {'state', 'attempts', 'max_attempts', 'lease_until', 'started', 'unstarted'}
+
 -- Return an expired lease to the due set (due from the moment it ran out), or
--- bury the job when it has used all its attempts. `f` is its HMGET of state,
--- attempts, max_attempts, lease_until. Returns the job's new state. Used by
--- claim (which recovers expired leases first) and by cancel and reschedule: a
--- job whose lease ran out is not running, whatever its hash still says.
--- The messages mirror lease_expired_error / lease_expired_note in _common.py.
+-- bury the job when it has used all its attempts. `f` is its HMGET of
+-- LEASE_FIELDS. A lease whose handler was never recorded as started (no
+-- `started` field) is not an attempt: the attempt is given back and the job is
+-- due again at its own run_at, or buried at MAX_UNSTARTED such expiries.
+-- Returns the job's new state. Used by claim (which recovers expired leases
+-- first) and by cancel and reschedule: a job whose lease ran out is not
+-- running, whatever its hash still says. The messages mirror
+-- lease_expired_error / lease_expired_note / unstarted_expired_error /
+-- unstarted_expired_note in _common.py.
 local function recover_lease(key, id, f)
   redis.call('ZREM', K_RUNNING, id)
   local attempts, max_attempts = tonumber(f[2]), tonumber(f[3])
   local at = format_time(tonumber(f[4]))
+  if not f[5] then
+    local unstarted = (tonumber(f[6]) or 0) + 1
+    redis.call('HSET', key, 'attempts', math.max(0, attempts - 1), 'unstarted', unstarted)
+    if unstarted >= MAX_UNSTARTED then
+      bury(key, id, string.format('lease expired at %s, the %dth time with no recorded start '
+        .. '(MAX_UNSTARTED=%d): a job that stops its worker before it starts? Requeue it '
+        .. 'once that is fixed', at, unstarted, MAX_UNSTARTED))
+      return 'dead'
+    end
+    local note = string.format('lease expired at %s before the handler was recorded as '
+      .. 'started: not an attempt; due again (the worker holding it stopped, paused or lost '
+      .. 'the store)', at)
+    redis.call('HSET', key, 'state', 'scheduled', 'last_error', note, 'updated_at', fmt(NOW))
+    redis.call('HDEL', key, 'lease_until')
+    schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
+    return 'scheduled'
+  end
   if attempts >= max_attempts then
     bury(key, id, string.format('lease expired at %s after %d attempts (max_attempts=%d): '
       .. 'the worker holding it stopped or hung', at, attempts, max_attempts))
@@ -263,7 +291,7 @@ end
 local function settled_state(key, id)
   local state = live_state(key, id)
   if state == 'running' then
-    local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+    local f = redis.call('HMGET', key, unpack(LEASE_FIELDS))
     if tonumber(f[4]) * 1000 <= NOW_MS then
       return recover_lease(key, id, f)
     end
@@ -365,7 +393,7 @@ local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_pur
   local expired = redis.call('ZRANGEBYSCORE', K_RUNNING, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_recover)
   for _, id in ipairs(expired) do
     local key = job_key(id)
-    local f = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'lease_until')
+    local f = redis.call('HMGET', key, unpack(LEASE_FIELDS))
     if f[1] == 'running' then
       recover_lease(key, id, f)
     else
@@ -396,6 +424,7 @@ local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_pur
     if redis.call('HGET', key, 'state') == 'scheduled' then
       local token = string.format('%d', first_token + claimed)
       redis.call('HINCRBY', key, 'attempts', 1)
+      redis.call('HDEL', key, 'started')
       redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
         'updated_at', now)
       redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
@@ -458,19 +487,29 @@ local function complete_batch(n, first)
     if is_stale then
       result[#result + 1] = is_stale
     else
-      if state == 'release' then
-        -- Back to its original run_at (its place in the due order), the attempt given back.
+      if state == 'release' or state == 'release_note' then
+        -- Back to its original run_at (its place in the due order) or the one given,
+        -- the attempt given back.
         if not retried then
           before = head_score()
           retried = true
         end
         redis.call('ZREM', K_RUNNING, id)
         redis.call('HINCRBY', key, 'attempts', -1)
-        -- A real error of an earlier attempt stays; the note only fills an empty one.
         redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
-        redis.call('HSETNX', key, 'last_error', ARGV[base + 4])
+        if state == 'release_note' then
+          redis.call('HSET', key, 'last_error', ARGV[base + 4])
+        else
+          -- A real error of an earlier attempt stays; the note only fills an empty one.
+          redis.call('HSETNX', key, 'last_error', ARGV[base + 4])
+        end
+        local run_at = tonumber(redis.call('HGET', key, 'run_at'))
+        if ARGV[base + 3] ~= '' then
+          run_at = tonumber(ARGV[base + 3])
+          redis.call('HSET', key, 'run_at', fmt(run_at))
+        end
         redis.call('HDEL', key, 'lease_until')
-        schedule(key, id, tonumber(redis.call('HGET', key, 'run_at')), false)
+        schedule(key, id, run_at, false)
       elseif state == 'scheduled' then
         if not retried then
           before = head_score()

@@ -13,6 +13,6 @@ local before = head_score()
 unindex_final(key, id, 'dead')
 redis.call('HSET', key, 'state', 'scheduled', 'attempts', 0, 'run_at', fmt(run_at),
   'updated_at', fmt(NOW))
-redis.call('HDEL', key, 'outcome')
+redis.call('HDEL', key, 'outcome', 'unstarted')
 schedule(key, id, run_at, false)
 return {1, wake_if_earlier(before)}
