@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 
 from delayq.backends.base import Backend, LimitStore
 from delayq.flow import Limit
-from delayq.job import Claim
+from delayq.job import Claim, JobState
 from delayq.testing import FakeClock
 from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
@@ -59,13 +59,30 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
         def teardown(self) -> None:
             self.stack.close()
 
-        def _expire(self, now: float) -> None:
+        def _expire(self, now: float) -> set[str]:
+            """The jobs whose lease ran out: waiting again, due at a time only the
+            store knows yet (the lease's end, or its own due time when no start
+            was recorded), or buried after too many expired leases; see
+            :meth:`_settle`."""
+            expired = set()
             for job_id, claim in list(self.running.items()):
                 if claim.lease_until <= now:
                     del self.running[job_id]
                     key, priority, _due = self.jobs[job_id]
-                    self.jobs[job_id] = (key, priority, claim.lease_until)
+                    self.jobs[job_id] = (key, priority, float("-inf"))
                     self.scheduled.add(job_id)
+                    expired.add(job_id)
+            return expired
+
+        def _settle(self, expired: set[str]) -> None:
+            for job_id in expired & self.scheduled:
+                job = self.backend.get(job_id)
+                assert job is not None
+                if job.state is JobState.SCHEDULED:
+                    key, priority, _due = self.jobs[job_id]
+                    self.jobs[job_id] = (key, priority, job.run_at)
+                else:
+                    self.scheduled.discard(job_id)
 
         def _room(self, key: str | None) -> bool:
             if key is None or key not in self.limit:
@@ -105,7 +122,7 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
         @rule(n=st.integers(1, 4))
         def claim(self, n: int) -> None:
             now = self.clock.time()
-            self._expire(now)
+            expired = self._expire(now)
             before = {k: sum(1 for j in self.running if self.jobs[j][0] == k) for k in self.limit}
             claims = self.backend.claim(limit=n, lease=LEASE, now=now)
             assert len(claims) <= n
@@ -118,6 +135,7 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
                 self.scheduled.discard(job_id)
                 self.running[job_id] = claim
                 taken[key] = taken.get(key, 0) + 1
+            self._settle(expired)
             for key, count in taken.items():
                 if key in self.limit:
                     room = max(0, self.limit[key] - before.get(key, 0))
