@@ -59,7 +59,8 @@ def _ensure_chromium() -> str:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
 
     def apt(*args: str) -> subprocess.CompletedProcess[str]:
-        command = ["apt-get", *args]
+        # Wait for the dpkg lock: another apt (or a second test process) may hold it.
+        command = ["apt-get", "-o", "DPkg::Lock::Timeout=600", *args]
         return subprocess.run(
             command, check=False, env=env, capture_output=True, text=True, timeout=900
         )
