@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("starlette")
-pytest.importorskip("httpx")
+pytest.importorskip("starlette.testclient")
 
 from starlette.testclient import TestClient
 
