@@ -1,9 +1,10 @@
 """``delayq worker TARGET``: run an app's handlers, and operate the process.
 
 :class:`WorkerOps` adds what a worker process serves besides its jobs
-(``/metrics``, per-job log lines, an embedded dashboard): ``delayq worker
---metrics-port N --web-port M --log-format json`` builds one and passes its
-:meth:`~WorkerOps.on_result` to the worker. It is tested without a CLI runner.
+(``/metrics``, ``/healthz``, per-job log lines, an embedded dashboard):
+``delayq worker --metrics-port N --health-port H --web-port M --log-format json``
+builds one, passes its :meth:`~WorkerOps.on_result` to the worker and starts it
+with the worker. It is tested without a CLI runner.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from delayq.cli._common import _BadInput, _duration, _errors, _fail, _require_du
 from delayq.cli.web import TOKEN_ENV
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import ConfigurationError
+from delayq.observe.health import OpsServer, WorkerCollector
 from delayq.observe.logs import JsonFormatter, result_logger
 from delayq.observe.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
 from delayq.worker import Worker
@@ -44,10 +46,13 @@ class WorkerOps:
 
     Per-job lines are logged at INFO with ``--log-format json`` (for a log
     pipeline) and at DEBUG otherwise (the readable default stays quiet).
-    ``start()`` serves ``/metrics`` on ``metrics_host:metrics_port`` when a port
-    is given. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) the served
-    numbers are the sum over this host's worker processes, so when the port is
-    taken by a sibling this process only writes its samples and says so.
+    ``start(worker)`` serves ``/metrics`` (with the worker's gauges) and
+    ``/healthz`` on ``metrics_host:metrics_port`` when a port is given, and
+    ``/healthz`` alone on ``metrics_host:health_port``. In multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR``) the served numbers are the sum over this
+    host's worker processes, so when the port is taken by a sibling this
+    process only writes its samples and says so (its ``/healthz`` then needs a
+    ``health_port`` of its own).
 
     ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
     a thread), its lateness chart fed by this worker's ``on_result``; the token
@@ -62,14 +67,20 @@ class WorkerOps:
         metrics_host: str = "127.0.0.1",
         log_format: LogFormat = "text",
         web_port: int | None = None,
+        health_port: int | None = None,
     ) -> None:
-        for option, port in (("--metrics-port", metrics_port), ("--web-port", web_port)):
+        for option, port in (
+            ("--metrics-port", metrics_port),
+            ("--web-port", web_port),
+            ("--health-port", health_port),
+        ):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"{option} must be 0..65535, got {port}")
         self.app = app
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.web_port = web_port
+        self.health_port = health_port
         self.series = LatenessSeries() if web_port is not None else None
         wanted = metrics_port is not None or web_port is not None
         self.metrics = Metrics(series=self.series).instrument(app) if wanted else None
@@ -78,9 +89,10 @@ class WorkerOps:
         self.web_url: str | None = None
         level = logging.INFO if log_format == "json" else logging.DEBUG
         self._log_result = result_logger(logging.getLogger("delayq.jobs"), level)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self.port: int | None = None  # the port actually served (0 picks a free one)
+        self._server: OpsServer | None = None
+        self._health: OpsServer | None = None
+        self.port: int | None = None  # the metrics port actually served (0 picks a free one)
+        self.health_port_served: int | None = None
 
     def on_result(self, result: JobResult) -> None:
         """Pass as ``Worker(on_result=...)``."""
@@ -88,18 +100,28 @@ class WorkerOps:
             self.metrics.on_result(result)
         self._log_result(result)
 
-    def start(self) -> None:
-        """Serve ``/metrics`` and the dashboard if ports were given (see the class docstring)."""
+    def start(self, worker: Worker | None = None) -> None:
+        """Serve ``/metrics``, ``/healthz`` (for ``worker``) and the dashboard if
+        ports were given (see the class docstring)."""
         if self.web_port is not None:
             self._start_web(self.web_port)
+        if self.health_port is not None and worker is not None:
+            try:
+                self._health = OpsServer(self.metrics_host, self.health_port, worker=worker)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot serve /healthz on {self.metrics_host}:{self.health_port}: {exc}"
+                ) from exc
+            self.health_port_served = self._health.port
+            log.info("health on http://%s:%d/healthz", self.metrics_host, self._health.port)
         if self.metrics_port is None:
             return
-        from prometheus_client import start_http_server  # noqa: PLC0415
-
         registry = exposition_registry(self.metrics, self.app.backend)
+        if worker is not None:
+            registry.register(WorkerCollector(worker))
         try:
-            self._server, self._thread = start_http_server(
-                self.metrics_port, addr=self.metrics_host, registry=registry
+            self._server = OpsServer(
+                self.metrics_host, self.metrics_port, worker=worker, registry=registry
             )
         except OSError as exc:
             if multiprocess_dir() is None:
@@ -113,7 +135,7 @@ class WorkerOps:
                 multiprocess_dir(),
             )
             return
-        self.port = self._server.server_port
+        self.port = self._server.port
         log.info("metrics on http://%s:%d/metrics", self.metrics_host, self.port)
 
     def _start_web(self, port: int) -> None:
@@ -151,10 +173,10 @@ class WorkerOps:
             if self._web_thread is not None:
                 self._web_thread.join(10)
             self._web = None
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        for server in (self._server, self._health):
+            if server is not None:
+                server.close()
+        self._server = self._health = None
         if self.metrics is not None and multiprocess_dir() is not None:
             from prometheus_client import multiprocess  # noqa: PLC0415
 
@@ -244,6 +266,12 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Serve /healthz here (200 healthy, 503 and why not); also served on --metrics-port.",
+)
 @click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -263,6 +291,7 @@ def worker(
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    health_port: int | None,
     web_port: int | None,
     log_format: str,
 ) -> None:
@@ -281,6 +310,7 @@ def worker(
             metrics_host=metrics_host,
             log_format="json" if log_format == "json" else "text",
             web_port=web_port,
+            health_port=health_port,
         )
         w = Worker(
             app,
@@ -310,7 +340,7 @@ def worker(
     )
     try:
         with _errors():
-            ops.start()
+            ops.start(w)
         w.run()
     finally:
         ops.close()

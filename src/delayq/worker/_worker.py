@@ -18,10 +18,11 @@ from delayq.errors import QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher
+from delayq.worker._health import WorkerHealth
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import MARK_AFTER, LeaseKeeper
 from delayq.worker._runner import Runner
-from delayq.worker._stats import WorkerHealth, WorkerStats
+from delayq.worker._stats import WorkerStats
 
 __all__ = ["Worker"]
 
@@ -296,6 +297,14 @@ class Worker:
             calling = committer.call_started
             if calling is not None:
                 stuck["committer"] = calling
+            renewed = min(
+                (
+                    rec.lease_deadline - self.lease
+                    for rec in table.records.values()
+                    if not (rec.lost or rec.abandoned)
+                ),
+                default=None,
+            )
             return WorkerHealth(
                 now=self.clock.monotonic(),
                 lease=self.lease,
@@ -306,6 +315,10 @@ class Worker:
                 abandoned_cap=table.abandoned_cap,
                 loop_blocked_since=table.loop_blocked_since,
                 oldest_result_waiting=committer.oldest_waiting_locked(),
+                least_recently_renewed=renewed,
+                idle_wait=self.idle_wait,
+                running=self.running,
+                stopping=table.stopping,
             )
 
     # -- the dispatcher thread ------------------------------------------------
