@@ -9,7 +9,6 @@ with the worker. It is tested without a CLI runner.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import secrets
@@ -21,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 from rich.logging import RichHandler
 
-from delayq.app import URL_ENV, DelayQ
-from delayq.cli._common import _BadInput, _duration, _errors, _fail, _require_durable, _Settings
+from delayq._loader import load_app
+from delayq.app import DelayQ
+from delayq.cli._common import _duration, _errors, _require_durable, _Settings
 from delayq.cli.web import TOKEN_ENV
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import ConfigurationError
@@ -184,31 +184,6 @@ class WorkerOps:
 
 
 # -- the command ----------------------------------------------------------------------
-def _load_app(target: str, url: str | None) -> DelayQ:
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise _BadInput(f"TARGET must look like 'package.module:app', got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    if url is not None:
-        os.environ[URL_ENV] = url  # an app built with DelayQ() picks it up
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail(f"cannot import {module_name!r}: {exc}")
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        _fail(f"module {module_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, DelayQ) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, DelayQ):
-        _fail(f"{target} is a {type(obj).__name__}, not a DelayQ app (or a function returning one)")
-    return obj
-
-
 def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
     handler: logging.Handler
@@ -253,6 +228,20 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     help="Longest run of one attempt, e.g. '5m', for handlers without their own timeout.",
 )
 @click.option(
+    "--pool",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Run handlers on threads, or in spawned child processes (CPU-bound work, hard "
+    "timeouts: a child past its timeout is killed).",
+)
+@click.option(
+    "--max-tasks-per-child",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --pool process: replace a child after this many jobs (memory leaks).",
+)
+@click.option(
     "--unknown-handler-grace",
     default="5m",
     show_default=True,
@@ -287,6 +276,8 @@ def worker(
     grace: str,
     prefetch: int | None,
     timeout: str | None,
+    pool: str,
+    max_tasks_per_child: int | None,
     unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
@@ -303,7 +294,7 @@ def worker(
     settings: _Settings = ctx.ensure_object(_Settings)
     _require_durable(settings.url)
     with _errors():
-        app = _load_app(target, settings.url)
+        app = load_app(target, settings.url)
         ops = WorkerOps(
             app,
             metrics_port=metrics_port,
@@ -322,6 +313,9 @@ def worker(
             timeout=None if timeout is None else _duration(timeout, "--timeout"),
             unknown_handler_grace=_duration(unknown_handler_grace, "--unknown-handler-grace"),
             on_result=ops.on_result,
+            pool=pool,
+            max_tasks_per_child=max_tasks_per_child,
+            app_target=target if pool == "process" else None,
         )
     restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
@@ -330,18 +324,19 @@ def worker(
             "%s opens its own store %s; --url %s is not used", target, app.url, settings.url
         )
     log.info(
-        "worker %d: %s on %s, handlers: %s; concurrency %d, lease %.1fs",
+        "worker %d: %s on %s, handlers: %s; concurrency %d (%s pool), lease %.1fs",
         os.getpid(),
         target,
         app.url,
         ", ".join(sorted(app.handlers)) or "none",
         w.concurrency,
+        pool,
         w.lease,
     )
     try:
         with _errors():
             ops.start(w)
-        w.run()
+            w.run()
     finally:
         ops.close()
         stats = w.stats()

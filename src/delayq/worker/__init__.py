@@ -14,6 +14,9 @@ module each:
   every ``lease / 3`` in one ``extend_many`` call per pass;
 * ``_runner``: handler threads and the event loop for async handlers, the
   lease check before a handler starts, handler timeouts;
+* ``_process`` / ``_child``: the process pool (``pool="process"``), the parent's
+  side (children started, tasks handed over, a timed-out child killed) and the
+  spawned child's loop;
 * ``_commit``: the group committer, recording finished attempts in batches (one
   store call each), claiming the next jobs in the same call under a backlog;
 * ``_decide``: the pure rules: succeeded, retried (the job's backoff),
