@@ -212,6 +212,22 @@ def test_cron_macros(app: DelayQ, clock: FakeClock, macro: str, first: float) ->
 
 
 @pytest.mark.parametrize(
+    ("expr", "first", "second"),
+    [
+        ("0 0 3 * * *", T0 + 3 * 3600, T0 + 27 * 3600),  # 03:00:00 daily
+        ("0 3 * * * *", T0 + 180, T0 + 3600 + 180),  # hourly at minute 3
+        ("30 0 3 * * *", T0 + 3 * 3600 + 30, T0 + 27 * 3600 + 30),
+    ],
+)
+def test_six_fields_put_seconds_first(
+    app: DelayQ, clock: FakeClock, expr: str, first: float, second: float
+) -> None:
+    schedule = app.recurring("six", cron=expr)
+    assert schedule.nth_after(clock.time(), 1) == first
+    assert schedule.nth_after(clock.time(), 2) == second
+
+
+@pytest.mark.parametrize(
     ("name", "options"),
     [
         ("delayq.recurring:x", {}),
