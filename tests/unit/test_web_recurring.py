@@ -111,6 +111,18 @@ def test_a_schedules_page_shows_next_runs_last_run_and_recent_occurrences(
     assert "&#34;to&#34;: &#34;ops&#34;" in html.split('id="payload"', 1)[1]
 
 
+def test_occurrences_without_a_job_say_why(
+    app: DelayQ, clock: FakeClock, client: TestClient
+) -> None:
+    app.recurring("beat", every=10, handler="h")
+    drive(app, clock, T0 + 25)
+    app.pause_recurring("beat")
+    clock.advance(20)  # +30 and +40 fall into the pause
+    history = client.get("/recurring/beat").text.split('id="history"', 1)[1]
+    assert history.count("paused: not run") == 2
+    assert history.count("state-succeeded") == 2
+
+
 def test_an_unknown_schedule_is_a_404_page(client: TestClient) -> None:
     page = client.get("/recurring/nope")
     assert page.status_code == 404 and 'id="not-found"' in page.text

@@ -72,8 +72,8 @@ def no_job_reason(schedule: Schedule, occurrence: Occurrence, now: float) -> str
     """Why an occurrence has no job, in a few words."""
     if occurrence.at > now:
         return "not enqueued yet"
-    if occurrence.at <= schedule.not_before:
-        return "before the schedule (re)started: not run"
+    if schedule.paused:
+        return "paused: not run"
     return "no job: skipped (misfire or overlap), or its record expired"
 
 
