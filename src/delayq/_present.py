@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from delayq.backoff import parse_duration
 from delayq.errors import InvalidInput, InvalidOption
 from delayq.job import Job
 
-__all__ = ["iso", "job_dict", "parse_time", "parse_when", "relative"]
+__all__ = ["iso", "job_dict", "local", "parse_time", "parse_when", "relative"]
 
 
 def iso(epoch: float | None) -> str | None:
@@ -29,6 +30,16 @@ def iso(epoch: float | None) -> str | None:
     if epoch is None or not math.isfinite(epoch):
         return None
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def local(epoch: float | None, tz: str = "UTC") -> str:
+    """``epoch`` as a wall-clock time in the zone ``tz``, to the second, with the
+    zone's abbreviation (``2026-12-03 03:00:00 CET``); ``-`` for none. A recurring
+    schedule's times read in the zone its cron is evaluated in."""
+    if epoch is None or not math.isfinite(epoch):
+        return "-"
+    at = datetime.fromtimestamp(epoch, UTC).astimezone(ZoneInfo(tz))
+    return f"{at:%Y-%m-%d %H:%M:%S} {at:%Z}"
 
 
 def relative(epoch: float | None, now: float) -> str:

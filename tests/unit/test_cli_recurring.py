@@ -126,6 +126,22 @@ def test_update_changes_only_the_options_it_is_given(url: str) -> None:
     assert "no recurring schedule named 'nope'" in run(url, "update", "nope", code=1).output
 
 
+def test_add_keep_leaves_a_stored_schedule_and_add_declares_the_whole_definition(
+    url: str,
+) -> None:
+    run(url, "add", "r1", '{"a": 1}', "--cron", "0 3 * * *", "--tz", "Europe/Berlin")
+    run(url, "add", "r1", "--cron", "0 4 * * *", "--keep")
+    [entry] = run_json(url, "ls")
+    assert (entry["cron"], entry["tz"], entry["payload"]) == (
+        "0 3 * * *",
+        "Europe/Berlin",
+        {"a": 1},
+    )
+    run(url, "add", "r1", "--cron", "0 4 * * *")  # a whole definition: the others default
+    [entry] = run_json(url, "ls")
+    assert (entry["cron"], entry["tz"], entry["payload"]) == ("0 4 * * *", "UTC", None)
+
+
 def test_ls_and_show_print_times_in_the_schedules_zone(url: str) -> None:
     run(url, "add", "r1", "--cron", "0 3 * * *", "--tz", "Europe/Berlin")
     run(url, "add", "r2", "--every", "1h")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -212,6 +212,22 @@ def test_cron_macros(app: DelayQ, clock: FakeClock, macro: str, first: float) ->
 
 
 @pytest.mark.parametrize(
+    ("expr", "first", "second"),
+    [
+        ("0 0 3 * * *", T0 + 3 * 3600, T0 + 27 * 3600),  # 03:00:00 daily
+        ("0 3 * * * *", T0 + 180, T0 + 3600 + 180),  # hourly at minute 3
+        ("30 0 3 * * *", T0 + 3 * 3600 + 30, T0 + 27 * 3600 + 30),
+    ],
+)
+def test_six_fields_put_seconds_first(
+    app: DelayQ, clock: FakeClock, expr: str, first: float, second: float
+) -> None:
+    schedule = app.recurring("six", cron=expr)
+    assert schedule.nth_after(clock.time(), 1) == first
+    assert schedule.nth_after(clock.time(), 2) == second
+
+
+@pytest.mark.parametrize(
     ("name", "options"),
     [
         ("delayq.recurring:x", {}),
@@ -230,6 +246,52 @@ def test_definitions_refused_at_the_call(
     with pytest.raises(InvalidOption):
         app.recurring(name, every=60, **options)  # type: ignore[arg-type]
     assert app.recurring_schedules() == []
+
+
+def test_an_interval_finer_than_a_millisecond_is_refused_not_rounded(app: DelayQ) -> None:
+    for every in (1.0004, timedelta(microseconds=1_000_400), 60.0000001):
+        with pytest.raises(InvalidOption, match="every must be a whole number of milliseconds"):
+            app.recurring("fine", every=every)
+    assert app.recurring_schedules() == []
+    assert app.recurring("fine", every=1.001).every == 1.001
+    assert app.recurring("fine", every=timedelta(milliseconds=2001)).every == 2.001
+    with pytest.raises(InvalidOption, match="whole number of milliseconds"):
+        app.update_recurring("fine", every=2.0005)
+    assert app.get_recurring("fine").every == 2.001  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("expr", "says"),
+    [
+        ("0 0 ? * MON", "'?' in the day-of-month field (field 3 of 5) is Quartz syntax"),
+        ("0 0 12 ? * MON", "'?' in the day-of-month field (field 4 of 6)"),
+        ("0 0 12 * * ?", "'?' in the day-of-week field (field 6 of 6)"),
+        ("0 0 12 ? * 2", "number the days of the week as cron does"),
+        ("? * * * *", "'?' in the minute field (field 1 of 5) is not cron syntax"),
+        ("0 0 12 ? * MON 2030", "7 fields (Quartz's year field is not cron)"),
+        ("@reboot", "'@reboot' is not a known macro"),
+    ],
+)
+def test_quartz_syntax_is_refused_naming_the_field_it_is_in(
+    app: DelayQ, expr: str, says: str
+) -> None:
+    with pytest.raises(InvalidOption) as refused:
+        app.recurring("q", cron=expr)
+    assert says in str(refused.value)
+    assert app.recurring_schedules() == []
+
+
+def test_the_cron_spelling_a_quartz_refusal_suggests_runs_as_quartz_would(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    with pytest.raises(InvalidOption, match="'\\*' means the same here: '0 0 12 \\* \\* MON'"):
+        app.recurring("q", cron="0 0 12 ? * MON")  # Quartz: Mondays at 12:00
+    schedule = app.recurring("q", cron="0 0 12 * * MON")
+    runs = [schedule.nth_after(clock.time(), n) for n in (1, 2)]
+    assert [datetime.fromtimestamp(t, UTC) for t in runs if t is not None] == [
+        datetime(2026, 1, 5, 12, tzinfo=UTC),
+        datetime(2026, 1, 12, 12, tzinfo=UTC),
+    ]
 
 
 def test_a_cron_jitter_is_at_most_a_day(app: DelayQ) -> None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import tomllib
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import click
 from rich.table import Table
 
-from delayq._present import iso, relative
+from delayq._present import iso, local, relative
 from delayq.cli._common import (
     _JSON_OPTION,
     _BadInput,
@@ -44,8 +43,7 @@ def _when(epoch: float | None, now: float, tz: str = "UTC") -> str:
     """``epoch`` in the zone ``tz``, with the zone's abbreviation and how far off."""
     if epoch is None:
         return "-"
-    local = datetime.fromtimestamp(epoch, tz=UTC).astimezone(ZoneInfo(tz))
-    return f"{local:%Y-%m-%d %H:%M:%S} {local:%Z} ({relative(epoch, now)})"
+    return f"{local(epoch, tz)} ({relative(epoch, now)})"
 
 
 def schedule_to_dict(schedule: Schedule, now: float) -> dict[str, Any]:

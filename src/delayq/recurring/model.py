@@ -198,10 +198,47 @@ def check_zone(tz: object) -> ZoneInfo:
         ) from exc
 
 
+_CRON_FIELDS = ("second", "minute", "hour", "day-of-month", "month", "day-of-week")
+
+
+def _cron_form_problem(expr: str) -> str | None:
+    """What is wrong with the shape of ``expr`` (its macro, its number of fields, a
+    Quartz ``?``), in words that name the field, or None. cronsim would name the
+    first field it cannot read, which for Quartz syntax is not the one at fault."""
+    text = expand_cron(expr)
+    if text.startswith("@"):
+        return f"{expr.strip()!r} is not a known macro; use one of {', '.join(MACROS)}"
+    parts = text.split()
+    if len(parts) not in (5, 6):
+        extra = " (Quartz's year field is not cron)" if len(parts) == 7 else ""
+        return (
+            f"it has {len(parts)} fields{extra}; give 5 (minute hour day-of-month month "
+            f"day-of-week) or 6 (second first)"
+        )
+    names = _CRON_FIELDS[6 - len(parts) :]
+    for i, part in enumerate(parts):
+        if "?" not in part:
+            continue
+        where = f"'?' in the {names[i]} field (field {i + 1} of {len(parts)})"
+        if names[i] in ("day-of-month", "day-of-week") and part == "?":
+            fixed = " ".join("*" if j == i else p for j, p in enumerate(parts))
+            if any(c.isdigit() for c in parts[-1]):  # Quartz: 1-7 from Sunday
+                return (
+                    f"{where} is Quartz syntax, not cron; use '*' there ({fixed!r}), and "
+                    f"number the days of the week as cron does (0 or 7 is Sunday; Quartz's 1 is)"
+                )
+            return f"{where} is Quartz syntax, not cron; '*' means the same here: {fixed!r}"
+        return f"{where} is not cron syntax"
+    return None
+
+
 def check_cron(expr: object, zone: ZoneInfo, now: float) -> str:
     """``expr`` if cronsim reads it and it fires after ``now`` in ``zone``, else InvalidOption."""
     if not isinstance(expr, str) or not expr.strip():
         raise InvalidOption(f"cron must be a cron expression such as '0 3 * * *', got {expr!r}")
+    problem = _cron_form_problem(expr)
+    if problem is not None:
+        raise InvalidOption(f"cron {expr!r} is not a valid cron expression: {problem}")
     try:
         next(CronSim(expand_cron(expr), datetime.fromtimestamp(now, zone)))
     except (CronSimError, ValueError, KeyError, IndexError) as exc:

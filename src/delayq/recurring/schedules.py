@@ -116,11 +116,16 @@ class RecurringSchedules(Chain):
             raise InvalidOption(f"end must not be before start, got start={start!r} end={end!r}")
         interval = None
         if every is not None:
-            interval = round(check_duration(every, "every"), 3)
+            interval = check_duration(every, "every")
             if not MIN_EVERY <= interval <= MAX_DELAY:
                 raise InvalidOption(
                     f"every must be at least {MIN_EVERY} second and at most 100 years, "
                     f"got {every!r}"
+                )
+            if round(interval, 3) != interval:  # occurrences are on a millisecond grid
+                raise InvalidOption(
+                    f"every must be a whole number of milliseconds (the precision of job "
+                    f"times), got {every!r}"
                 )
         expr = None if cron is None else check_cron(cron, zone, now)
         spread = check_duration(jitter, "jitter")

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from delayq._present import iso, relative
+from delayq._present import iso, local, relative
 from delayq.app import DelayQ
 from delayq.observe.metrics import LatenessSeries, Metrics, lateness_bucket_totals, multiprocess_dir
 from delayq.web.security import COOKIE, CSRF_FIELD, CSRF_HEADER, Guard
@@ -71,7 +71,7 @@ class Dashboard:
         )
         # What every template may call: one rendering of times (delayq._present).
         self.templates.globals.update(
-            iso=iso, relative=relative, seconds=seconds_text, job_url=job_url
+            iso=iso, local=local, relative=relative, seconds=seconds_text, job_url=job_url
         )
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

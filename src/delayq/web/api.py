@@ -23,6 +23,7 @@ from delayq.errors import InvalidOption
 from delayq.job import JobState
 from delayq.web import views
 from delayq.web._dashboard import dashboard
+from delayq.web._recurring import API_PATHS as _RECURRING_PATHS
 
 __all__ = ["OPENAPI", "ROUTES"]
 
@@ -285,6 +286,7 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        **_RECURRING_PATHS,
         "/metrics": {
             "get": {
                 "summary": "Prometheus text: worker counters, lateness histogram, store gauges",

@@ -41,7 +41,7 @@ from delayq.observe.metrics import (
     exposition_registry,
     multiprocess_dir,
 )
-from delayq.web import api, pages
+from delayq.web import _recurring, api, pages
 from delayq.web._dashboard import Dashboard, dashboard
 from delayq.web.security import COOKIE, Guard
 
@@ -85,7 +85,7 @@ def create_app(
     dash = Dashboard(app, guard, metrics=metrics, series=series)
 
     web = Starlette(
-        routes=[*pages.ROUTES, *api.ROUTES, Route("/metrics", _metrics)],
+        routes=[*pages.ROUTES, *_recurring.ROUTES, *api.ROUTES, Route("/metrics", _metrics)],
         lifespan=_lifespan,
         exception_handlers={
             HTTPException: _http_error,
