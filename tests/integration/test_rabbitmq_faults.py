@@ -26,9 +26,11 @@ from delayq.job import Claim, JobSpec
 from tests._util import wait_until
 from tests.integration.test_rabbitmq_backend import claim_within
 from tests.rabbitmq_support import (
+    channel_call,
     close_connections,
     delete_queues,
     private_vhost,
+    queue_depth,
     rabbitmqctl,
     unique_queue,
     vhost_url,
@@ -55,23 +57,6 @@ def job(job_id: str, delay: float, max_attempts: int = 3) -> JobSpec:
         max_attempts=max_attempts,
         delay=delay,
     )
-
-
-def channel_call(fn: object) -> object:
-    """Run ``fn(channel)`` on a fresh connection to the test vhost."""
-    connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
-    try:
-        return fn(connection.channel())  # type: ignore[operator]
-    finally:
-        connection.close()
-
-
-def depth(name: str) -> int:
-    def count(channel: object) -> int:
-        declared = channel.queue_declare(name, passive=True)  # type: ignore[attr-defined]
-        return int(declared.method.message_count)
-
-    return int(channel_call(count))  # type: ignore[call-overload]
 
 
 class Policy:
@@ -107,7 +92,7 @@ def test_a_queue_deleted_with_jobs_in_the_levels_does_not_stall_another_queue() 
     try:
         other.enqueue([job("live", 1.5)])  # through the same levels, after the doomed ones
         assert [c.job.id for c in claim_within(other, 1, timeout=30)] == ["live"]
-        assert wait_until(lambda: depth("delayq.v2.orphans") >= 40, timeout=30)
+        assert wait_until(lambda: queue_depth("delayq.v2.orphans") >= 40, timeout=30)
     finally:
         other.close()
         delete_queues(live)
