@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -256,6 +257,33 @@ def test_a_queue_named_like_another_queues_dead_letters_is_a_queue_of_its_own(
         orders.close()
         shadow.close()
         delete_queues(f"{queue}.dead")
+
+
+# -- a vhost policy that changes delayq's queues is caught when a store opens -----------
+
+
+def test_a_policy_on_delayqs_queues_is_refused_or_warned_of_at_open(
+    queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from delayq.backends.rabbitmq import _policies  # noqa: PLC0415
+    from delayq.errors import ConfigurationError  # noqa: PLC0415
+
+    first = RabbitMQBackend(vhost_url(), queue=queue, policies="refuse")  # none yet
+    names = [first._topology.level_queue(12), first._topology.ready_queue]
+    first.close()
+    with Policy(names, {"message-ttl": 3000}):
+        _policies._cache.clear()  # read again now, not a minute later
+        with pytest.raises(ConfigurationError, match="message-ttl"):
+            RabbitMQBackend(vhost_url(), queue=queue, policies="refuse")
+        _policies._cache.clear()
+        with caplog.at_level(logging.WARNING, "delayq.rabbitmq"):
+            warned = RabbitMQBackend(vhost_url(), queue=queue)  # opens, and warns
+            try:
+                assert wait_until(lambda: "sets message-ttl" in caplog.text, timeout=60)
+            finally:
+                warned.close()
+    _policies._cache.clear()
+    RabbitMQBackend(vhost_url(), queue=queue, policies="refuse").close()
 
 
 # -- the consumer survives what a delivery or the broker does to it ---------------------
