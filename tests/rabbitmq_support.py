@@ -116,8 +116,13 @@ def private_vhost() -> str:
 
 
 def vhost_url(vhost: str | None = None, **query: str) -> str:
-    """The test server's URL on ``vhost`` (this process's test vhost by default)."""
+    """The test server's URL on ``vhost`` (this process's test vhost by default).
+
+    With ``policies=off`` unless given: a store checks the vhost's policies at open
+    with ``rabbitmqctl``, and the suite's many stores must not start that many CLIs
+    (only the tests of the check itself ask for it)."""
     name = private_vhost() if vhost is None else vhost
+    query.setdefault("policies", "off")
     base = AMQP_URL.rstrip("/")
     parts = urlsplit(base)
     url = f"{parts.scheme}://{parts.netloc}/{quote(name, safe='')}"
@@ -172,7 +177,7 @@ def channel_call(fn: Callable[[Any], T]) -> T:
                 if _cleanup is not None:
                     with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                         _cleanup.close()  # release the socket of a connection the broker closed
-                params = pika.URLParameters(vhost_url())
+                params = pika.URLParameters(vhost_url().split("?")[0])
                 params.heartbeat = 0
                 params.blocked_connection_timeout = CTL_TIMEOUT
                 _cleanup = pika.BlockingConnection(params)

@@ -268,22 +268,23 @@ def test_a_policy_on_delayqs_queues_is_refused_or_warned_of_at_open(
     from delayq.backends.rabbitmq import _policies  # noqa: PLC0415
     from delayq.errors import ConfigurationError  # noqa: PLC0415
 
-    first = RabbitMQBackend(vhost_url(), queue=queue, policies="refuse")  # none yet
+    refuse, warn = vhost_url(policies="refuse"), vhost_url(policies="warn")
+    first = RabbitMQBackend(refuse, queue=queue)  # no policy yet
     names = [first._topology.level_queue(12), first._topology.ready_queue]
     first.close()
     with Policy(names, {"message-ttl": 3000}):
         _policies._cache.clear()  # read again now, not a minute later
         with pytest.raises(ConfigurationError, match="message-ttl"):
-            RabbitMQBackend(vhost_url(), queue=queue, policies="refuse")
+            RabbitMQBackend(refuse, queue=queue)
         _policies._cache.clear()
         with caplog.at_level(logging.WARNING, "delayq.rabbitmq"):
-            warned = RabbitMQBackend(vhost_url(), queue=queue)  # opens, and warns
+            warned = RabbitMQBackend(warn, queue=queue)  # opens, and warns
             try:
                 assert wait_until(lambda: "sets message-ttl" in caplog.text, timeout=60)
             finally:
                 warned.close()
     _policies._cache.clear()
-    RabbitMQBackend(vhost_url(), queue=queue, policies="refuse").close()
+    RabbitMQBackend(refuse, queue=queue).close()
 
 
 # -- the consumer survives what a delivery or the broker does to it ---------------------
