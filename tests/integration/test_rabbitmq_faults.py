@@ -354,7 +354,7 @@ def test_a_consumer_the_broker_cancels_consumes_again(
         finally:
             producer.close()
         assert [c.job.id for c in claim_within(worker, 1, timeout=30)] == ["after-recreate"]
-        health = worker._consumer.health()
+        health = worker.health()
         assert health["alive"] and health["cancels"] + health["resubscribes"] >= 1, health
     finally:
         worker.close()

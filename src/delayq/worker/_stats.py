@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["COUNTERS", "Histogram", "WorkerHealth", "WorkerStats", "percentile"]
@@ -152,7 +152,10 @@ class WorkerHealth:
     ``abandoned`` / ``abandoned_cap``: handlers running on past their timeout
     (at the cap the worker claims nothing); ``loop_blocked_since``: the asyncio
     loop of async handlers stopped answering then (None while it answers);
-    ``oldest_result_waiting``: when the oldest result not yet recorded was decided.
+    ``oldest_result_waiting``: when the oldest result not yet recorded was decided;
+    ``store``: what a store with parts of its own reports of them
+    (:class:`~delayq.backends.base.ReportsHealth`, e.g. RabbitMQ's consumer:
+    ``alive``, its reconnects, cancels and resubscriptions), empty for the others.
     """
 
     now: float
@@ -164,6 +167,7 @@ class WorkerHealth:
     abandoned_cap: int
     loop_blocked_since: float | None
     oldest_result_waiting: float | None
+    store: dict[str, object] = field(default_factory=dict)
 
 
 class StatsBook:

@@ -13,6 +13,7 @@ from typing import Any
 from delayq._validate import check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
+from delayq.backends.base import ReportsHealth
 from delayq.clock import Clock
 from delayq.errors import QueueClosed
 from delayq.worker._commit import GroupCommitter
@@ -291,6 +292,8 @@ class Worker:
         the in-flight table's lock at one instant of the worker's clock."""
         table = self._table
         committer = self._committer
+        backend = self._backend
+        store = backend.health() if isinstance(backend, ReportsHealth) else {}  # no lock held
         with table.lock:
             stuck = dict(table.stuck_call)
             calling = committer.call_started
@@ -306,6 +309,7 @@ class Worker:
                 abandoned_cap=table.abandoned_cap,
                 loop_blocked_since=table.loop_blocked_since,
                 oldest_result_waiting=committer.oldest_waiting_locked(),
+                store=store,
             )
 
     # -- the dispatcher thread ------------------------------------------------

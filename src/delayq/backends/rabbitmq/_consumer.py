@@ -193,10 +193,13 @@ class Consumer:
         return thread is not None and thread.is_alive() and self.connected.is_set()
 
     def health(self) -> dict[str, object]:
-        """What the consumer has been through: ``alive``, the counts of ``reconnects``,
-        ``cancels`` (by the broker), ``channel_closes`` and ``resubscribes`` (an idle
-        consumer's fresh channel), and ``last_problem`` (empty when none)."""
-        alive = self.alive
+        """What the consumer has been through: ``alive`` (consuming, or not started:
+        nothing to consume yet), the counts of ``reconnects``, ``cancels`` (by the
+        broker), ``channel_closes`` and ``resubscribes`` (an idle consumer's fresh
+        channel), and ``last_problem`` (empty when none)."""
+        with self._cond:
+            started = self._thread is not None
+        alive = self.alive or not started
         with self._cond:
             return {"alive": alive, **self._events, "last_problem": self._last_problem}
 

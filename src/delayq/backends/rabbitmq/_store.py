@@ -454,6 +454,12 @@ class RabbitMQBackend(CompletesInBatches):
     def interrupt(self) -> None:
         self._consumer.interrupt()
 
+    def health(self) -> dict[str, object]:
+        """The consumer thread's state (:class:`~delayq.backends.base.ReportsHealth`):
+        ``alive`` (connected and consuming, or never started: a producer has none),
+        and counts of ``reconnects``, ``cancels``, ``channel_closes``, ``resubscribes``."""
+        return self._consumer.health()
+
     # -- inspection and dead letters -------------------------------------------------
     def get(self, job_id: str) -> Job | None:
         raise self._unsupported("look a job up by id")
