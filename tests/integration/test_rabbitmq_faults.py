@@ -360,6 +360,42 @@ def test_a_consumer_the_broker_cancels_consumes_again(
         worker.close()
 
 
+# -- a busy worker hands back what it cannot start, not the jobs due first -------------
+
+
+def test_a_busy_worker_keeps_its_due_jobs_while_a_backlog_waits_in_the_queue(
+    queue: str,
+) -> None:
+    busy = RabbitMQBackend(vhost_url(), queue=queue, prefetch=4)
+    peer = RabbitMQBackend(vhost_url(), queue=queue, prefetch=1)
+    try:
+        busy.enqueue([job(f"j{i}", 0) for i in range(10)])
+        assert _claims_ids(claim_within(busy, 1)) == ["j0"]  # its only slot is taken
+        assert wait_until(lambda: busy._consumer.buffered() == 3, timeout=30)  # j1-j3
+        assert _claims_ids(claim_within(peer, 1)) == ["j4"]  # the other worker is full too
+        assert wait_until(lambda: busy.health()["kept_in_backlog"] >= 2, timeout=30)
+        assert busy.health()["handed_back"] == 0  # j1-j3 not sent behind j5-j9
+        assert _claims_ids(claim_within(busy, 1)) == ["j1"]
+    finally:
+        peer.close()
+        busy.close()
+
+
+def test_a_busy_worker_hands_its_due_jobs_to_a_worker_with_room(queue: str) -> None:
+    busy = RabbitMQBackend(vhost_url(), queue=queue, prefetch=10)
+    peer = RabbitMQBackend(vhost_url(), queue=queue, prefetch=2)
+    try:
+        busy.enqueue([job(f"j{i}", 0) for i in range(3)])
+        assert _claims_ids(claim_within(busy, 1)) == ["j0"]
+        assert wait_until(lambda: busy._consumer.buffered() == 2, timeout=30)
+        assert peer.claim(limit=2, lease=30) == []  # a second consumer, with room
+        assert sorted(_claims_ids(claim_within(peer, 2, timeout=30))) == ["j1", "j2"]
+        assert busy.health()["handed_back"] == 2
+    finally:
+        peer.close()
+        busy.close()
+
+
 # -- a publish that the broker does not confirm fails by its deadline -------------------
 
 

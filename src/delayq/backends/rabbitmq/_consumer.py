@@ -42,9 +42,12 @@ was given): an idle worker pays four round trips per interval, a busy one none.
 
 A busy worker must not sit on due jobs another worker could run: when a
 delivery has been due for ``HANDBACK`` seconds without a claim and the queue
-has another consumer, the consumer stops consuming and publishes everything it
-holds back to the ready queue (each copy keeping the local wait it had left),
-acking the originals; its next claim consumes again. A closing consumer does
+has another consumer and no message waiting (so another worker has room), the
+consumer stops consuming and publishes everything it holds back to the ready
+queue (each copy keeping the local wait it had left), acking the originals; its
+next claim consumes again. While messages wait in the ready queue every
+consumer is full, so a hand-back would only send the jobs due first to the
+tail of the queue (again and again, under a backlog): the worker keeps them. A closing consumer does
 the same with what it holds unclaimed, so stopping costs those jobs nothing.
 Copies are published together and their confirms awaited together.
 """
@@ -72,7 +75,14 @@ from delayq.clock import SYSTEM_CLOCK
 
 __all__ = ["Adopted", "Consumer", "Delivery"]
 
-_EVENTS = ("reconnects", "cancels", "channel_closes", "resubscribes")
+_EVENTS = (
+    "reconnects",
+    "cancels",
+    "channel_closes",
+    "resubscribes",
+    "handed_back",
+    "kept_in_backlog",
+)
 
 Adopted = Literal["held", "ack", "release"] | Outgoing | None
 """What became of a returned delivery that this process knows: a claim still running
@@ -195,8 +205,10 @@ class Consumer:
     def health(self) -> dict[str, object]:
         """What the consumer has been through: ``alive`` (consuming, or not started:
         nothing to consume yet), the counts of ``reconnects``, ``cancels`` (by the
-        broker), ``channel_closes`` and ``resubscribes`` (an idle consumer's fresh
-        channel), and ``last_problem`` (empty when none)."""
+        broker), ``channel_closes``, ``resubscribes`` (an idle consumer's fresh
+        channel), ``handed_back`` (deliveries published back for other workers) and
+        ``kept_in_backlog`` (hand-backs not made: messages waited in the queue), and
+        ``last_problem`` (empty when none)."""
         with self._cond:
             started = self._thread is not None
         alive = self.alive or not started
@@ -416,13 +428,17 @@ class Consumer:
                 or any(entry[2].due <= cutoff for entry in self._ready)
             )
         if stale:
-            others = channel.queue_declare(self._topology.ready_queue, passive=True)
-            if others.method.consumer_count > 1:
+            state = channel.queue_declare(self._topology.ready_queue, passive=True).method
+            if state.consumer_count > 1 and state.message_count == 0:
                 channel.basic_cancel(self._consumer_tag)
                 with self._cond:
                     self._paused = True
                     held = self._drain_locked()
+                    self._events["handed_back"] += len(held)
                 self._publish_back(channel, held, now)
+            elif state.consumer_count > 1:
+                with self._cond:  # every consumer is full: the tail is no better
+                    self._events["kept_in_backlog"] += 1
         connection.call_later(HANDBACK / 2, self._hand_back)
 
     def _publish_back(self, channel: Any, held: list[Delivery], now: float) -> None:
