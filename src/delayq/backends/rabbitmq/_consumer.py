@@ -1,6 +1,6 @@
 """The consumer thread: deliveries held unacked until their local deadline, acks sent back.
 
-(One module of about 500 lines: everything that touches the consumer's channel
+(One module of about 600 lines: everything that touches the consumer's channel
 runs on its I/O thread, and keeping that thread's code together keeps the
 threading rule checkable.)
 
