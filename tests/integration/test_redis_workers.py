@@ -130,7 +130,7 @@ def test_four_worker_processes_run_20000_jobs_each_exactly_once(
         stats = backend.stats()
         return (stats.scheduled, stats.running) == (0, 0)
 
-    assert wait_until(finished, timeout=90, interval=0.2)
+    assert wait_until(finished, timeout=5 * DEADLINE, interval=0.2)
     for worker in workers:
         stop(worker)
     counts = Counter(r.job_id for r in runs(client, prefix))
