@@ -49,6 +49,13 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 _BASE = {"url": DEFAULT_URL}  # the broker of this run (set by ``main``)
 
 
+def _ctl(*args: str, check: bool = True) -> None:
+    """``rabbitmqctl -q ARGS``, bounded (``-t`` on the broker, 35 s for the CLI)."""
+    subprocess.run(
+        ["rabbitmqctl", "-q", "-t", "30", *args], check=check, capture_output=True, timeout=35
+    )
+
+
 @contextlib.contextmanager
 def _vhost(url: str) -> Iterator[str]:
     """``url`` on a fresh virtual host, deleted afterwards."""
@@ -56,19 +63,13 @@ def _vhost(url: str) -> Iterator[str]:
         raise load.RunFailed("rabbitmqctl is not on PATH (needed for a private vhost)")
     name = f"delayq-bench-{uuid.uuid4().hex[:8]}"
     user = urlsplit(url).username or "guest"
-    subprocess.run(["rabbitmqctl", "-q", "add_vhost", name], check=True, capture_output=True)
-    subprocess.run(
-        ["rabbitmqctl", "-q", "set_permissions", "-p", name, user, ".*", ".*", ".*"],
-        check=True,
-        capture_output=True,
-    )
+    _ctl("add_vhost", name)
+    _ctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
     parts = urlsplit(url)
     try:
         yield f"{parts.scheme}://{parts.netloc}/{quote(name, safe='')}"
     finally:
-        subprocess.run(
-            ["rabbitmqctl", "-q", "delete_vhost", name], check=False, capture_output=True
-        )
+        _ctl("delete_vhost", name, check=False)
 
 
 def _prepare(query: str = "") -> Callable[[Path], contextlib.AbstractContextManager[str]]:

@@ -36,7 +36,10 @@ from delayq.job import JobContext
 
 
 def _ctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=False, capture_output=True, timeout=120)
+    # -t: the broker's own bound; timeout: the CLI's (a hung CLI holds a distribution port)
+    subprocess.run(
+        ["rabbitmqctl", "-q", "-t", "30", *args], check=False, capture_output=True, timeout=35
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,18 +5,30 @@ Each test process creates its own virtual host with ``rabbitmqctl`` (the
 management plugin may be off), gives guest every permission on it, and
 deletes it at exit; each test uses queue names of its own in it. Nothing is
 created on the server's default virtual host.
+
+The broker is shared by every test run on the machine, so the helpers keep its
+resources bounded: every ``rabbitmqctl`` call has a server-side timeout
+(``-t 30``) and is killed with its whole process group at 35 s (a hung CLI holds
+one of the few distribution ports the CLI may use); the helpers that read or
+delete queues share ONE connection per test process (no heartbeat: it may sit
+idle between tests), reopened when the broker closed it and closed at exit,
+before the vhost is deleted.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import pika
@@ -26,14 +38,39 @@ from tests.conftest import service_missing
 
 AMQP_URL = os.environ.get("DELAYQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
-_lock = threading.Lock()
+CTL_TIMEOUT = 30
+"""Seconds the broker gives one ``rabbitmqctl`` command (its ``-t``)."""
+CTL_KILL_AFTER = 35
+"""Seconds after which a ``rabbitmqctl`` process group still running is killed."""
+
+_lock = threading.Lock()  # guards _vhost
 _vhost: str | None = None
+_cleanup_lock = threading.Lock()  # guards _cleanup (one user of the connection at a time)
+_cleanup: pika.BlockingConnection | None = None
+T = TypeVar("T")
 
 
 def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=120, check=False
+    command = ["rabbitmqctl", "-q", "-t", str(CTL_TIMEOUT), *args]
+    # Its own session: the wrapper script starts su, sh and an Erlang VM, and a
+    # timeout must end all of them, not only the script.
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        out, err = process.communicate(timeout=CTL_KILL_AFTER)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        err = f"rabbitmqctl {' '.join(args[:1])} killed after {CTL_KILL_AFTER} s. {err}"
+        return subprocess.CompletedProcess(command, -signal.SIGKILL, out, err)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
 
 
 def rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,15 +109,20 @@ def private_vhost() -> str:
                 service_missing("RabbitMQ", f"rabbitmqctl add_vhost failed: {made.stderr.strip()}")
             user = urlsplit(AMQP_URL).username or "guest"
             _rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
-            atexit.register(_rabbitmqctl, "delete_vhost", name)
+            atexit.register(_delete_vhost, name)
             os.environ[VHOST_ENV] = name  # processes the tests start use the same vhost
             _vhost = name
         return _vhost
 
 
 def vhost_url(vhost: str | None = None, **query: str) -> str:
-    """The test server's URL on ``vhost`` (this process's test vhost by default)."""
+    """The test server's URL on ``vhost`` (this process's test vhost by default).
+
+    With ``policies=off`` unless given: a store checks the vhost's policies at open
+    with ``rabbitmqctl``, and the suite's many stores must not start that many CLIs
+    (only the tests of the check itself ask for it)."""
     name = private_vhost() if vhost is None else vhost
+    query.setdefault("policies", "off")
     base = AMQP_URL.rstrip("/")
     parts = urlsplit(base)
     url = f"{parts.scheme}://{parts.netloc}/{quote(name, safe='')}"
@@ -104,24 +146,82 @@ def dead_stream(queue: str) -> str:
     return f"delayq.v2.dead.{queue}"
 
 
+def _delete_vhost(name: str) -> None:
+    _close_cleanup()  # first: a connection to a vhost being deleted slows the deletion
+    _rabbitmqctl("delete_vhost", name)
+
+
+def _close_cleanup() -> None:
+    global _cleanup
+    with _cleanup_lock:
+        connection, _cleanup = _cleanup, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                connection.close()
+
+
+atexit.register(_close_cleanup)  # also in child processes, which delete no vhost
+
+
+def channel_call(fn: Callable[[Any], T]) -> T:
+    """``fn(channel)`` on a fresh channel of this process's cleanup connection.
+
+    The connection is opened on first use and kept; if the broker closed it (a
+    test closes every connection of the vhost), it is opened again once. A
+    channel error (a passive declare of a missing queue) closes only the channel.
+    """
+    global _cleanup  # noqa: PLW0603 - one cleanup connection per test process
+    with _cleanup_lock:
+        for again in (False, True):
+            if _cleanup is None or not _cleanup.is_open:
+                if _cleanup is not None:
+                    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                        _cleanup.close()  # release the socket of a connection the broker closed
+                params = pika.URLParameters(vhost_url().split("?")[0])
+                params.heartbeat = 0
+                params.blocked_connection_timeout = CTL_TIMEOUT
+                _cleanup = pika.BlockingConnection(params)
+            try:
+                channel = _cleanup.channel()
+            except (pika.exceptions.ConnectionClosed, pika.exceptions.StreamLostError):
+                if again:
+                    raise
+                _cleanup = None
+                continue
+            try:
+                return fn(channel)
+            finally:
+                if channel.is_open:
+                    with contextlib.suppress(pika.exceptions.AMQPError):
+                        channel.close()
+        raise AssertionError("unreachable")
+
+
+def queue_depth(name: str) -> int:
+    """Messages ready in queue ``name`` of the test vhost."""
+
+    def count(channel: Any) -> int:
+        return int(channel.queue_declare(name, passive=True).method.message_count)
+
+    return channel_call(count)
+
+
 def delete_queues(queue: str) -> None:
     """Delete a test queue's ready queue and dead stream (the shared levels stay with the
     vhost; messages still in them go to its orphans queue)."""
-    try:
-        connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
-    except pika.exceptions.AMQPError:
-        return
-    try:
-        channel = connection.channel()
+
+    def delete(channel: Any) -> None:
         for name in (ready_queue(queue), dead_stream(queue)):
             channel.queue_delete(name)
-    finally:
-        connection.close()
+
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        channel_call(delete)
 
 
 def close_connections(vhost: str | None = None) -> None:
     """Close every client connection to the test vhost (rabbitmqctl close_all_connections)."""
     name = private_vhost() if vhost is None else vhost
+    _close_cleanup()  # closed by us, not left half-closed by the broker
     done = _rabbitmqctl("close_all_connections", "-p", name, "delayq test: connection closed")
     if done.returncode != 0:
         pytest.fail(f"rabbitmqctl close_all_connections failed: {done.stderr.strip()}")

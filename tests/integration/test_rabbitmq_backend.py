@@ -31,6 +31,7 @@ from tests.rabbitmq_support import (
     AMQP_URL,
     close_connections,
     delete_queues,
+    queue_depth,
     ready_queue,
     unique_queue,
     vhost_url,
@@ -325,9 +326,4 @@ def test_schedule_goes_on_after_the_broker_closed_the_producers_connection(queue
 
 
 def ready_messages_of(queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(vhost_url()))
-    try:
-        declared = connection.channel().queue_declare(ready_queue(queue), passive=True)
-        return int(declared.method.message_count)
-    finally:
-        connection.close()
+    return queue_depth(ready_queue(queue))

@@ -98,6 +98,7 @@ def test_a_worker_killed_mid_handler_runs_the_job_again_as_the_same_attempt(
     first = start()
     try:
         app.schedule("record", {"sleep_first": 600}, delay=0.2, job_id="victim")
+        # Worker processes start slowly on a loaded machine: their waits are generous.
         assert wait_until(lambda: any(r[0] == "victim" for r in runs()), timeout=90)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)

@@ -169,3 +169,9 @@ def test_a_stopped_worker_is_unhealthy() -> None:
     worker = h.start()
     worker.stop(grace=0)
     assert worker.health_snapshot().problems() == ("the worker is not running",)
+
+
+def test_a_store_part_reported_not_alive_is_a_problem_in_the_stores_words() -> None:
+    deaf = replace(HEALTHY, store={"alive": False, "last_problem": "consumer cancelled"})
+    assert deaf.problems() == ("store: consumer cancelled",)
+    assert replace(HEALTHY, store={"alive": True, "reconnects": 3}).healthy

@@ -152,3 +152,21 @@ def test_the_health_snapshot_shows_a_stuck_commit_and_the_result_waiting_for_it(
     finally:
         backend.release.set()
         h.stop()
+
+
+class _ReportingStore(MemoryBackend):
+    """A store with a part of its own (like RabbitMQ's consumer thread) that went deaf."""
+
+    def health(self) -> dict[str, object]:
+        return {"alive": False, "resubscribes": 2}
+
+
+def test_the_health_snapshot_carries_what_the_store_reports_of_its_own_parts() -> None:
+    h = Harness(_ReportingStore)
+    plain = Harness(MemoryBackend)
+    try:
+        assert h.start().health_snapshot().store == {"alive": False, "resubscribes": 2}
+        assert plain.start().health_snapshot().store == {}
+    finally:
+        h.stop()
+        plain.stop()

@@ -105,6 +105,7 @@ __all__ = [
     "Backend",
     "Completion",
     "LimitStore",
+    "ReportsHealth",
     "ScheduleRecord",
     "ScheduleStore",
 ]
@@ -459,6 +460,20 @@ class ScheduleRecord:
     name: str
     data: str
     version: int
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """The optional store capability of reporting parts that can fail unseen.
+
+    A store that runs parts of its own beside the caller's threads (RabbitMQ's
+    consumer thread) says how they are; the worker puts the answer in its health
+    snapshot. ``alive`` False means the store cannot deliver jobs now.
+    """
+
+    def health(self) -> dict[str, object]:
+        """A small mapping of facts, ``alive`` (bool) among them; cheap to call."""
+        ...
 
 
 @runtime_checkable

@@ -14,7 +14,8 @@ and its abandoned work is under its cap:
 * the committer records a decided result within ``lease / 3``;
 * fewer handlers than ``max_abandoned`` run on past their timeout (at the cap
   the worker claims nothing);
-* the asyncio loop of async handlers has not been blocked for ``lease / 3``.
+* the asyncio loop of async handlers has not been blocked for ``lease / 3``;
+* a store with parts of its own (RabbitMQ's consumer thread) reports them alive.
 
 A store call counts as stuck past ``lease / 3``: that is the bound the worker
 keeps its store calls under, so a call older than that will not return in time
@@ -23,7 +24,7 @@ to keep a lease.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["WorkerHealth"]
 
@@ -46,7 +47,10 @@ class WorkerHealth:
     abandoned work, not counted here); ``least_recently_renewed``: when the held
     claim renewed longest ago got its lease (None when none is held);
     ``idle_wait``: the dispatcher's longest sleep; ``running``: the worker's
-    threads run (started, not finished); ``stopping``: a stop was requested.
+    threads run (started, not finished); ``stopping``: a stop was requested;
+    ``store``: what a store with parts of its own reports of them
+    (:class:`~delayq.backends.base.ReportsHealth`, e.g. RabbitMQ's consumer:
+    ``alive``, its reconnects, cancels and resubscriptions), empty for the others.
     """
 
     now: float
@@ -62,6 +66,7 @@ class WorkerHealth:
     idle_wait: float = 10.0
     running: bool = True
     stopping: bool = False
+    store: dict[str, object] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -115,4 +120,7 @@ class WorkerHealth:
                 f"the asyncio loop of async handlers has been blocked for "
                 f"{self.now - blocked:.1f}s (a handler blocks it)"
             )
+        if self.store.get("alive") is False:
+            problem = self.store.get("last_problem") or "it reports a part not alive"
+            found.append(f"store: {problem}")
         return tuple(found)

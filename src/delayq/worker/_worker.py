@@ -14,6 +14,7 @@ from delayq._loader import app_target
 from delayq._validate import check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
+from delayq.backends.base import ReportsHealth
 from delayq.clock import Clock
 from delayq.errors import InvalidOption, QueueClosed
 from delayq.worker._commit import GroupCommitter
@@ -341,6 +342,8 @@ class Worker:
         the in-flight table's lock at one instant of the worker's clock."""
         table = self._table
         committer = self._committer
+        backend = self._backend
+        store = backend.health() if isinstance(backend, ReportsHealth) else {}  # no lock held
         with table.lock:
             stuck = dict(table.stuck_call)
             calling = committer.call_started
@@ -368,6 +371,7 @@ class Worker:
                 idle_wait=self.idle_wait,
                 running=self.running,
                 stopping=table.stopping,
+                store=store,
             )
 
     # -- the dispatcher thread ------------------------------------------------

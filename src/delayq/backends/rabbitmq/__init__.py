@@ -5,7 +5,9 @@
 (URL query or keyword, see docs/stores.md): ``queue`` (default ``default``),
 ``prefetch`` (deliveries a worker holds unacked, 32), ``max_returns`` (10),
 ``confirm_timeout`` (30 s), ``declare`` (``auto`` or ``passive``),
-``queue_type`` (``quorum``; ``classic`` needs ``allow_at_most_once=true``).
+``queue_type`` (``quorum``; ``classic`` needs ``allow_at_most_once=true``),
+``policies`` (``warn``, ``refuse`` or ``off``: vhost policies that change delayq's
+queues, see ``_policies.py``).
 
 How a job travels (the parts live in this folder; ``_store.py`` holds the
 contract methods):

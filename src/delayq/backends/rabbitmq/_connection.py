@@ -32,6 +32,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "confirm_timeout": float,
     "declare": str,
     "allow_at_most_once": flag,
+    "policies": str,
 }
 """Query parameters that are delayq options; every other one goes to pika."""
 DEFAULT_QUEUE = "default"
@@ -77,6 +78,7 @@ class Settings:
     max_returns: int = DEFAULT_MAX_RETURNS
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
     declare: str = "auto"  # "auto" (declare what is missing) or "passive" (check only)
+    policies: str = "warn"  # risky vhost policies at open: "warn", "refuse" or "off"
 
     @classmethod
     def parse(cls, url: str, **options: Any) -> Settings:
@@ -126,6 +128,11 @@ class Settings:
         declare = pick("declare", "auto")
         if declare not in ("auto", "passive"):
             raise ConfigurationError(f"declare must be 'auto' or 'passive', got {declare!r}")
+        policies = pick("policies", "warn")
+        if policies not in ("warn", "refuse", "off"):
+            raise ConfigurationError(
+                f"policies must be 'warn', 'refuse' or 'off', got {policies!r}"
+            )
         parts = urlsplit(rest_url)
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         vhost = unquote(path) if path else "/"
@@ -140,6 +147,7 @@ class Settings:
             max_returns=max_returns,
             confirm_timeout=timeout,
             declare=str(declare),
+            policies=str(policies),
         )
 
 

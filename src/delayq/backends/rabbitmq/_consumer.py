@@ -1,6 +1,6 @@
 """The consumer thread: deliveries held unacked until their local deadline, acks sent back.
 
-(One module of about 500 lines: everything that touches the consumer's channel
+(One module of about 600 lines: everything that touches the consumer's channel
 runs on its I/O thread, and keeping that thread's code together keeps the
 threading rule checkable.)
 
@@ -26,13 +26,28 @@ An idle consumer only answers heartbeats. The thread survives anything a
 delivery can do to it (a body that is not a delayq message is handed out to be
 buried), and it reconnects when the broker cancels its consumer (the queue was
 deleted or moved) or closes its channel (``consumer_timeout``); ``alive``
-says whether it is connected and consuming, for the worker's health.
+says whether it is connected and consuming, and ``health()`` what the thread
+has been through, for the worker's health.
+
+A consumer can also go deaf with no word from the broker: on RabbitMQ 3.10 the
+channel learns that its quorum queue was deleted only when it handles the Raft
+leader's exit, and when a queue of the same name exists again by then (any
+publisher declares it on connect), the channel takes the exit for a leader
+change and keeps its consumer, which the new queue delivers to without the
+channel ever passing anything on: no ``basic.cancel``, no deliveries, and the
+jobs it was given stay unacked on the broker. So a consumer that holds nothing
+and had no delivery for ``RESUBSCRIBE_IDLE`` seconds subscribes again on a
+fresh channel and closes the old one (which returns anything a deaf consumer
+was given): an idle worker pays four round trips per interval, a busy one none.
 
 A busy worker must not sit on due jobs another worker could run: when a
 delivery has been due for ``HANDBACK`` seconds without a claim and the queue
-has another consumer, the consumer stops consuming and publishes everything it
-holds back to the ready queue (each copy keeping the local wait it had left),
-acking the originals; its next claim consumes again. A closing consumer does
+has another consumer and no message waiting (so another worker has room), the
+consumer stops consuming and publishes everything it holds back to the ready
+queue (each copy keeping the local wait it had left), acking the originals; its
+next claim consumes again. While messages wait in the ready queue every
+consumer is full, so a hand-back would only send the jobs due first to the
+tail of the queue (again and again, under a backlog): the worker keeps them. A closing consumer does
 the same with what it holds unclaimed, so stopping costs those jobs nothing.
 Copies are published together and their confirms awaited together.
 """
@@ -60,12 +75,25 @@ from delayq.clock import SYSTEM_CLOCK
 
 __all__ = ["Adopted", "Consumer", "Delivery"]
 
+_EVENTS = (
+    "reconnects",
+    "cancels",
+    "channel_closes",
+    "resubscribes",
+    "handed_back",
+    "kept_in_backlog",
+)
+
 Adopted = Literal["held", "ack", "release"] | Outgoing | None
 """What became of a returned delivery that this process knows: a claim still running
 took it over, its claim had finished (ack it, or publish the retry / dead letter first),
 or was released; None when unknown (count the return)."""
 
 log = logging.getLogger("delayq.rabbitmq")
+
+RESUBSCRIBE_IDLE = 5.0
+"""An idle consumer (holding nothing, no delivery for this long) subscribes again on a
+fresh channel, so one the broker left deaf hears again (see the module docstring)."""
 
 HANDBACK = 0.5
 """A delivery due this long that no claim took (its worker is busy) is handed back to the
@@ -101,11 +129,11 @@ class Consumer:
     them in another (a retry published after a later job).
 
     Lock rule: ``_cond`` (and its lock) guards ``_heap``, ``_ready``, ``_returned``,
-    ``_generation``,
-    ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``, ``_paused`` and
-    ``_closed``.
-    ``_generation`` and ``_channel`` change only on the I/O thread. No user
-    code runs under the lock, and the I/O thread never waits for other threads.
+    ``_generation``, ``_wake_gen``, ``_connection``, ``_channel``, ``_consumer_tag``,
+    ``_paused``, ``_closed`` and ``_events``. ``_generation`` and ``_channel`` change
+    only on the I/O thread; ``_unsettled`` and ``_quiet_since`` are the I/O thread's
+    alone. No user code runs under the lock, and the I/O thread never waits for other
+    threads.
     """
 
     def __init__(
@@ -133,6 +161,10 @@ class Consumer:
         self._returned: list[Delivery] = []  # returned deliveries waiting for _recount
         self._consumer_tag = ""
         self._paused = False  # consuming stopped by a hand-back, until the next claim
+        self._unsettled = 0  # deliveries of the current channel not yet acked or nacked
+        self._quiet_since = 0.0  # monotonic: the last delivery or subscription
+        self._events: dict[str, int] = dict.fromkeys(_EVENTS, 0)
+        self._last_problem = ""
         self.connected = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------
@@ -170,6 +202,25 @@ class Consumer:
             thread = self._thread
         return thread is not None and thread.is_alive() and self.connected.is_set()
 
+    def health(self) -> dict[str, object]:
+        """What the consumer has been through: ``alive`` (consuming, or not started:
+        nothing to consume yet), the counts of ``reconnects``, ``cancels`` (by the
+        broker), ``channel_closes``, ``resubscribes`` (an idle consumer's fresh
+        channel), ``handed_back`` (deliveries published back for other workers) and
+        ``kept_in_backlog`` (hand-backs not made: messages waited in the queue), and
+        ``last_problem`` (empty when none)."""
+        with self._cond:
+            started = self._thread is not None
+        alive = self.alive or not started
+        with self._cond:
+            return {"alive": alive, **self._events, "last_problem": self._last_problem}
+
+    def _note(self, event: str, problem: str = "") -> None:
+        with self._cond:
+            self._events[event] += 1
+            if problem:
+                self._last_problem = problem
+
     @property
     def generation(self) -> int:
         with self._cond:
@@ -191,29 +242,36 @@ class Consumer:
                 tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
                 self._handback = Confirms(connection)
                 connection.call_later(HANDBACK, self._hand_back)
+                connection.call_later(RESUBSCRIBE_IDLE, lambda c=connection: self._check(c))
+                self._unsettled, self._quiet_since = 0, SYSTEM_CLOCK.monotonic()
                 with self._cond:
                     self._generation += 1
                     self._connection, self._channel = connection, channel
                     self._consumer_tag, self._paused = tag, False
                 self.connected.set()
                 pause = 0.1
-                while connection.is_open and channel.is_open and not self._cancelled:
+                while connection.is_open and self._channel.is_open and not self._cancelled:
                     with self._cond:
                         if self._closed:
                             break
                     connection.process_data_events(time_limit=None)
+                channel = self._channel  # a resubscription may have replaced it
                 if self._cancelled:
+                    problem = "the broker cancelled the consumer (its queue was deleted or moved)"
                     log.warning(
-                        "RabbitMQ cancelled the consumer of %s (its queue was deleted or "
-                        "moved); consuming again",
+                        "RabbitMQ consumer of %s: %s; consuming again",
                         self._settings.queue,
+                        problem,
                     )
+                    self._note("cancels", problem)
                 elif not channel.is_open and connection.is_open:
+                    problem = "the broker closed the consumer's channel (consumer_timeout?)"
                     log.warning(
-                        "RabbitMQ closed the consumer channel of %s (consumer_timeout?); "
-                        "consuming again",
+                        "RabbitMQ consumer of %s: %s; consuming again",
                         self._settings.queue,
+                        problem,
                     )
+                    self._note("channel_closes", problem)
                 elif connection.is_open:
                     self._give_back(channel)
                     connection.process_data_events(0)  # acks handed over before close
@@ -227,6 +285,7 @@ class Consumer:
                         exc,
                         pause,
                     )
+                    self._note("reconnects", f"connection lost: {exc!r}"[:300])
             finally:
                 self._disconnected(connection)
             if self._stop_wait.wait(pause):
@@ -235,6 +294,43 @@ class Consumer:
 
     def _on_cancel(self, _frame: Any) -> None:
         self._cancelled = True
+
+    def _check(self, connection: Any) -> None:
+        """Every RESUBSCRIBE_IDLE: an idle consumer subscribes again on a fresh channel."""
+        with self._cond:
+            if connection is not self._connection or self._closed:
+                return  # a timer of an earlier connection
+            paused = self._paused
+        quiet = SYSTEM_CLOCK.monotonic() - self._quiet_since
+        if not paused and self._unsettled == 0 and quiet >= RESUBSCRIBE_IDLE:
+            self._resubscribe(connection)
+            quiet = 0.0
+        later = max(0.05, RESUBSCRIBE_IDLE - quiet)
+        connection.call_later(later, lambda: self._check(connection))
+
+    def _resubscribe(self, connection: Any) -> None:
+        """Consume on a fresh channel and close the old one. Call only when nothing is
+        held: the generation moves on, as after a reconnect."""
+        old = self._channel
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            old.close()  # returns whatever a deaf consumer was given
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=self._settings.prefetch)
+        channel.add_on_cancel_callback(self._on_cancel)
+        tag = channel.basic_consume(self._topology.ready_queue, self._on_message)
+        self._unsettled, self._quiet_since = 0, SYSTEM_CLOCK.monotonic()
+        with self._cond:
+            self._generation += 1
+            self._channel, self._consumer_tag = channel, tag
+            self._events["resubscribes"] += 1
+
+    def _settled(self, channel: Any, tag: int, *, requeue: bool | None = None) -> None:
+        """Ack (``requeue`` None) or nack a delivery of the current channel."""
+        if requeue is None:
+            channel.basic_ack(tag)
+        else:
+            channel.basic_nack(tag, requeue=requeue)
+        self._unsettled -= 1
 
     def _disconnected(self, connection: Any) -> None:
         """Forget every delivery of the lost connection (the broker returns them)."""
@@ -260,6 +356,8 @@ class Consumer:
             message, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
         now = SYSTEM_CLOCK.monotonic()
         due = now + (message.local if message is not None else 0.0)
+        self._unsettled += 1
+        self._quiet_since = now
         with self._cond:
             delivery = Delivery(
                 method.delivery_tag,
@@ -303,7 +401,7 @@ class Consumer:
                 delivery.redelivered = False  # given back unstarted: no return to count
                 self.put_back(delivery)
             elif verdict == "ack":
-                channel.basic_ack(delivery.tag)
+                self._settled(channel, delivery.tag)
             elif isinstance(verdict, Outgoing):
                 finish.append(verdict)
                 finished.append(delivery)
@@ -312,7 +410,7 @@ class Consumer:
             assert self._handback is not None
             self._handback.send(finish, self._settings.confirm_timeout, set())
             for delivery in finished:
-                channel.basic_ack(delivery.tag)
+                self._settled(channel, delivery.tag)
         if count:
             self._publish_back(channel, count, SYSTEM_CLOCK.monotonic())
 
@@ -330,13 +428,17 @@ class Consumer:
                 or any(entry[2].due <= cutoff for entry in self._ready)
             )
         if stale:
-            others = channel.queue_declare(self._topology.ready_queue, passive=True)
-            if others.method.consumer_count > 1:
+            state = channel.queue_declare(self._topology.ready_queue, passive=True).method
+            if state.consumer_count > 1 and state.message_count == 0:
                 channel.basic_cancel(self._consumer_tag)
                 with self._cond:
                     self._paused = True
                     held = self._drain_locked()
+                    self._events["handed_back"] += len(held)
                 self._publish_back(channel, held, now)
+            elif state.consumer_count > 1:
+                with self._cond:  # every consumer is full: the tail is no better
+                    self._events["kept_in_backlog"] += 1
         connection.call_later(HANDBACK / 2, self._hand_back)
 
     def _publish_back(self, channel: Any, held: list[Delivery], now: float) -> None:
@@ -347,7 +449,7 @@ class Consumer:
         for delivery in held:
             message = delivery.message
             if message is None:
-                channel.basic_nack(delivery.tag, requeue=True)  # a claim buries it
+                self._settled(channel, delivery.tag, requeue=True)  # a claim buries it
                 continue
             copy = replace(
                 message,
@@ -365,7 +467,7 @@ class Consumer:
             self._handback.send(copies, self._settings.confirm_timeout, done)
         finally:
             for index in sorted(done):
-                channel.basic_ack(originals[index].tag)
+                self._settled(channel, originals[index].tag)
 
     def _give_back(self, channel: Any) -> None:
         """On close: stop consuming and publish back what no claim took, each with the
@@ -409,10 +511,7 @@ class Consumer:
         for delivery, requeue in items:
             if delivery.generation != generation:
                 continue
-            if requeue:
-                channel.basic_nack(delivery.tag, requeue=True)
-            else:
-                channel.basic_ack(delivery.tag)
+            self._settled(channel, delivery.tag, requeue=True if requeue else None)
 
     # -- any thread ----------------------------------------------------------------
     def settle(self, items: Sequence[tuple[Delivery, bool]]) -> list[bool]:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from delayq.backends._common import (
     RELEASED_NOTE,
@@ -34,10 +35,18 @@ from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
 from delayq.backends.rabbitmq._message import JobMessage, encode
+from delayq.backends.rabbitmq._policies import check_at_open
 from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
 from delayq.backends.rabbitmq._topology import Topology, route
 from delayq.clock import SYSTEM_CLOCK, Clock
-from delayq.errors import DelayqError, InvalidOption, QueueClosed, StaleClaim, Unsupported
+from delayq.errors import (
+    ConfigurationError,
+    DelayqError,
+    InvalidOption,
+    QueueClosed,
+    StaleClaim,
+    Unsupported,
+)
 from delayq.job import (
     CancelOutcome,
     Claim,
@@ -92,6 +101,7 @@ class RabbitMQBackend(CompletesInBatches):
         confirm_timeout: float | None = None,
         declare: str | None = None,
         allow_at_most_once: bool | None = None,
+        policies: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = Settings.parse(
@@ -103,6 +113,7 @@ class RabbitMQBackend(CompletesInBatches):
             confirm_timeout=confirm_timeout,
             declare=declare,
             allow_at_most_once=allow_at_most_once,
+            policies=policies,
         )
         self.url = self._settings.url
         self.queue = self._settings.queue
@@ -118,6 +129,16 @@ class RabbitMQBackend(CompletesInBatches):
         self._finished: dict[str, tuple[Adopted, float]] = {}
         self._closed = False
         self._publisher.open()  # a wrong URL, password or vhost fails here, not later
+        try:
+            check_at_open(
+                self._settings.policies,
+                self._settings.vhost,
+                urlsplit(self._settings.pika_url).hostname,
+                self._topology.names(),
+            )
+        except ConfigurationError:
+            self._publisher.close()
+            raise
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RabbitMQBackend:
@@ -432,6 +453,12 @@ class RabbitMQBackend(CompletesInBatches):
 
     def interrupt(self) -> None:
         self._consumer.interrupt()
+
+    def health(self) -> dict[str, object]:
+        """The consumer thread's state (:class:`~delayq.backends.base.ReportsHealth`):
+        ``alive`` (connected and consuming, or never started: a producer has none),
+        and counts of ``reconnects``, ``cancels``, ``channel_closes``, ``resubscribes``."""
+        return self._consumer.health()
 
     # -- inspection and dead letters -------------------------------------------------
     def get(self, job_id: str) -> Job | None:

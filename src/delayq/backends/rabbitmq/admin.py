@@ -13,10 +13,7 @@ levels then go to the orphans queue instead of stalling the levels.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,25 +21,16 @@ from typing import Any
 import pika.exceptions
 
 from delayq.backends.rabbitmq._connection import Settings, connect, map_errors
+from delayq.backends.rabbitmq._policies import (
+    RISKY_POLICY_KEYS,
+    problems,
+    read_policies,
+    risky_policies,
+)
 from delayq.backends.rabbitmq._topology import ORPHANS, Topology
 from delayq.errors import ConfigurationError
 
 __all__ = ["RISKY_POLICY_KEYS", "Report", "Settings", "setup", "teardown", "verify"]
-
-RISKY_POLICY_KEYS = frozenset(
-    {
-        "message-ttl",
-        "expires",
-        "max-length",
-        "max-length-bytes",
-        "overflow",
-        "delivery-limit",
-        "dead-letter-exchange",
-        "dead-letter-routing-key",
-        "dead-letter-strategy",
-    }
-)
-"""Policy keys that change what delayq's queues do with a message (TTL, drops, limits)."""
 
 MIN_VERSION = (3, 10)
 """At-least-once dead-lettering between quorum queues needs RabbitMQ 3.10."""
@@ -98,60 +86,10 @@ def _depth(connection: Any, name: str) -> int | None:
             channel.close()
 
 
-def _rabbitmqctl_policies(vhost: str) -> list[dict[str, Any]] | None:
-    """Policies and operator policies of ``vhost`` via rabbitmqctl (None when unavailable)."""
-    if shutil.which("rabbitmqctl") is None:
-        return None
-    found: list[dict[str, Any]] = []
-    for command, kind in (
-        ("list_policies", "policy"),
-        ("list_operator_policies", "operator policy"),
-    ):
-        done = subprocess.run(
-            ["rabbitmqctl", "-q", command, "-p", vhost, "--formatter", "json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        if done.returncode != 0:
-            return None
-        with contextlib.suppress(ValueError):
-            for row in json.loads(done.stdout or "[]"):
-                found.append(row | {"kind": kind})
-    return found
-
-
-def risky_policies(
-    rows: list[dict[str, Any]], names: list[str]
-) -> list[tuple[str, list[str], list[str]]]:
-    """(policy, its risky keys, the names it matches) for each policy that changes how
-    one of ``names`` treats messages."""
-    out = []
-    for row in rows:
-        definition = row.get("definition")
-        if isinstance(definition, str):
-            with contextlib.suppress(ValueError):
-                definition = json.loads(definition)
-        if not isinstance(definition, dict):
-            continue
-        keys = sorted(RISKY_POLICY_KEYS & set(definition))
-        if not keys or row.get("apply-to", "all") == "exchanges":
-            continue
-        try:
-            pattern = re.compile(str(row.get("pattern", "")))
-        except re.error:
-            continue
-        matched = [n for n in names if pattern.search(n)]
-        if matched:
-            out.append((f"{row.get('kind', 'policy')} {row.get('name', '?')}", keys, matched))
-    return out
-
-
 def verify(
     settings: Settings,
     *,
-    policies: Callable[[str], list[dict[str, Any]] | None] = _rabbitmqctl_policies,
+    policies: Callable[[str], list[dict[str, Any]] | None] = read_policies,
 ) -> Report:
     """Check the broker and the topology of ``settings.queue`` (creates nothing)."""
     topology = Topology(settings.queue, settings.queue_type)
@@ -191,10 +129,7 @@ def verify(
     for policy, keys, matched in risky_policies(rows or [], topology.names()):
         shown = ", ".join(matched[:3]) + (" ..." if len(matched) > 3 else "")
         report.policies.append(f"{policy} sets {', '.join(keys)} on {shown}")
-        report.problems.append(
-            f"{policy} sets {', '.join(keys)} on delayq's queues: a shorter message-ttl makes "
-            f"jobs run early, and length or TTL limits drop jobs (they end as dead letters)"
-        )
+    report.problems += problems(rows or [], topology.names())
     return report
 
 
