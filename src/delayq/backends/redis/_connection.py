@@ -160,10 +160,11 @@ def _lib_text(folder: Any) -> str:
     """``_lib.lua`` with the definitions of ``_flow.lua`` (its text from its first
     ``local``, without its header) at the line that names it: after the helpers
     they use, before those that use them."""
-    lib = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
-    flow = folder.joinpath("_flow.lua").read_text(encoding="utf-8")
-    definitions = flow[re.search(r"^local ", flow, re.MULTILINE).start() :]  # type: ignore[union-attr]
-    return lib.replace(_FLOW_SPLICE, definitions + "\n", 1)
+    lib: str = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
+    flow: str = folder.joinpath("_flow.lua").read_text(encoding="utf-8")
+    first = re.search(r"^local ", flow, re.MULTILINE)
+    assert first is not None and _FLOW_SPLICE in lib
+    return lib.replace(_FLOW_SPLICE, flow[first.start() :] + "\n", 1)
 
 
 def _load_scripts() -> dict[str, str]:

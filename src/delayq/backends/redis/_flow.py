@@ -65,9 +65,7 @@ class RedisLimits:
     def get_limit(self, pattern: str) -> LimitRecord | None:
         pattern = check_pattern(pattern)
         self._check_open()
-        value: Any = self._call(
-            lambda: self._redis.hget(self._keys["limits"], pattern), retry=True
-        )
+        value: Any = self._call(lambda: self._redis.hget(self._keys["limits"], pattern), retry=True)
         return None if value is None else _record(pattern, str(value))
 
     def list_limits(self) -> list[LimitRecord]:

@@ -32,7 +32,6 @@ from delayq.backends._common import (
 from delayq.backends._urls import UrlOptions, keyword_defaults
 from delayq.backends.base import Completion
 from delayq.backends.redis._connection import Connection, mask, split_url
-from delayq.backends.redis._flow import RedisLimits
 from delayq.backends.redis._fields import (
     completion_args,
     enqueue_args,
@@ -41,6 +40,7 @@ from delayq.backends.redis._fields import (
     pairs,
     when_arg,
 )
+from delayq.backends.redis._flow import RedisLimits
 from delayq.backends.redis._inspect import RedisInspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
