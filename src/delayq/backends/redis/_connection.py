@@ -137,18 +137,22 @@ def _split_lib(lib: str) -> tuple[str, list[tuple[str, str]]]:
     return prelude, blocks
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
     """``body`` after the prelude and only the definitions it uses (transitively):
     Redis runs a script's whole text on every call, so an unused helper costs
     time on every call."""
+    names = {name for name, _ in blocks}
+    uses = {name: set(_WORD.findall(block)) & names for name, block in blocks}
     needed: set[str] = set()
-    text = body
-    while True:
-        used = {name for name, _ in blocks if re.search(rf"\b{name}\b", text)} - needed
-        if not used:
-            break
-        needed |= used
-        text = body + "".join(block for name, block in blocks if name in needed)
+    todo = set(_WORD.findall(body)) & names
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo |= uses[name] - needed
     parts = [block for name, block in blocks if name in needed]
     return prelude + "".join(parts) + "\n" + body
 
