@@ -11,7 +11,7 @@ local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
 if head[2] then
   best = tonumber(head[2])
 end
-if redis.call('EXISTS', NS .. 'prios') == 1 then
+if redis.call('ZRANGE', NS .. 'prios', 0, 0)[1] then
   best = NOW_MS
 end
 local lease = redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')
