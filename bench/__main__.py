@@ -22,6 +22,7 @@ MODULES = (
     "timers",
     "durable",
     "drain",
+    "pools",
     "redis_delayq",
     "redis_costs",
     "redis_scale",

@@ -36,16 +36,40 @@ whose backend lacks one are skipped with the reason):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from delayq.backends.base import Backend
 from delayq.testing import FakeClock
+from tests.contract._declared_gaps import run_time_gap_error
 from tests.contract._registry import BACKEND_FACTORIES, BackendFactory
 
 __all__ = ["BACKEND_FACTORIES", "BackendFactory"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Fail a run-time skip the table does not declare, and a declared one that runs."""
+    report = yield
+    params = getattr(item, "callspec", None)
+    factory = params.params.get("factory") if params is not None else None
+    if not isinstance(factory, BackendFactory) or not isinstance(item, pytest.Function):
+        return report
+    where = report.longrepr[0] if isinstance(report.longrepr, tuple) else ""
+    error = run_time_gap_error(
+        factory.name,
+        item.originalname,
+        skipped_at_run_time=report.skipped and Path(where).name == "_realtime.py",
+        ran=report.when == "call" and report.passed,
+    )
+    if error is not None:
+        report.outcome = "failed"
+        report.longrepr = error
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:

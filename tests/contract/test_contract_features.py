@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from delayq.backends.base import FEATURES, Backend
-from tests.contract._declared_gaps import SKIPPED
+from tests.contract._declared_gaps import SKIPPED, SKIPPED_AT_RUN_TIME, run_time_gap_error
 from tests.contract._registry import BACKEND_FACTORIES, BackendFactory
 
 
@@ -69,3 +69,15 @@ def test_the_suite_declares_what_the_store_class_declares(
     declared = backend.features
     assert declared <= set(FEATURES), sorted(declared - set(FEATURES))
     assert factory.features == declared
+
+
+def test_a_run_time_skip_must_be_declared_and_a_declared_one_must_still_skip() -> None:
+    declared = sorted(SKIPPED_AT_RUN_TIME["rabbitmq"])[0]
+    assert run_time_gap_error("rabbitmq", declared, skipped_at_run_time=True, ran=False) is None
+    assert run_time_gap_error("redis", declared, skipped_at_run_time=False, ran=True) is None
+    undeclared = run_time_gap_error("redis", declared, skipped_at_run_time=True, ran=False)
+    assert undeclared is not None and "does not say so" in undeclared
+    now_runs = run_time_gap_error("rabbitmq", declared, skipped_at_run_time=False, ran=True)
+    assert now_runs is not None and "now runs on rabbitmq" in now_runs
+    names = set(_needed_features())
+    assert SKIPPED_AT_RUN_TIME["rabbitmq"] <= names  # every entry names a contract test

@@ -377,6 +377,7 @@ def make_machine(factory: BackendFactory, root: Path) -> type[RuleBasedStateMach
     return BackendMatchesModel
 
 
+@pytest.mark.timeout(1200)  # hundreds of examples: 300 s is too short on a loaded machine
 def test_backend_matches_the_model(factory: BackendFactory) -> None:
     with tempfile.TemporaryDirectory() as root:
         run_state_machine_as_test(

@@ -98,12 +98,12 @@ def test_a_worker_killed_mid_handler_runs_the_job_again_as_the_same_attempt(
     first = start()
     try:
         app.schedule("record", {"sleep_first": 600}, delay=0.2, job_id="victim")
-        assert wait_until(lambda: any(r[0] == "victim" for r in runs()), timeout=30)
+        assert wait_until(lambda: any(r[0] == "victim" for r in runs()), timeout=90)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         second = start()
         try:
-            assert wait_until(lambda: len(runs()) == 2, timeout=30)
+            assert wait_until(lambda: len(runs()) == 2, timeout=90)
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(timeout=30) == 0

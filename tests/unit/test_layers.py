@@ -29,7 +29,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("web front end", ("delayq.web",)),
     ("plug-ins", ("delayq.observe", "delayq.metrics", "delayq.otel")),
     ("worker", ("delayq.worker",)),
-    ("app", ("delayq.app", "delayq.aio", "delayq._build", "delayq._limits", "delayq._present")),
+    (
+        "app",
+        (
+            "delayq.app",
+            "delayq.aio",
+            "delayq._build",
+            "delayq._limits",
+            "delayq._loader",
+            "delayq._present",
+        ),
+    ),
     ("recurring", ("delayq.recurring",)),
     ("testing", ("delayq.testing",)),
     ("stores", ("delayq.backends",)),
@@ -50,7 +60,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 CORE_LAYERS = {"timers", "core"}  # the standard library only
 IMPORTLIB_ALLOWED = {
     "delayq.backends",  # a store's driver is optional: imported by URL scheme
-    "delayq.cli.worker",  # `delayq worker TARGET` imports the user's module by name
+    "delayq._loader",  # `delayq worker TARGET` (and a pool's child) import the user's module
 }
 
 

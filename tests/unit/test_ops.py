@@ -99,7 +99,7 @@ def test_a_taken_metrics_port_is_an_error_outside_multiprocess_mode(
         ops.close()
 
 
-def test_worker_command_logs_json_lines_and_serves_metrics(
+def test_worker_command_logs_json_lines_and_serves_metrics_and_health(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "ops_worker_app.py").write_text(
@@ -139,6 +139,8 @@ def test_worker_command_logs_json_lines_and_serves_metrics(
                 "json",
                 "--metrics-port",
                 "0",
+                "--health-port",
+                "0",
             ],
             catch_exceptions=False,
         )
@@ -154,6 +156,7 @@ def test_worker_command_logs_json_lines_and_serves_metrics(
     ]
     assert all(o["lateness"] >= 0 for o in jobs)
     assert any("/metrics" in o["message"] for o in objects)
+    assert any("/healthz" in o["message"] for o in objects)
 
 
 def test_web_refuses_a_public_address_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:

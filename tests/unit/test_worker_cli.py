@@ -63,6 +63,22 @@ def test_the_worker_flags_reach_the_worker(target: str, monkeypatch: pytest.Monk
     )
 
 
+def test_the_pool_flags_reach_the_worker_with_the_target_for_the_children(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "Worker", _Recorded)
+    result = invoke(target, "--pool", "process", "--max-tasks-per-child", "50")
+    assert result.exit_code == 0, result.output
+    options = _Recorded.options
+    assert (options["pool"], options["max_tasks_per_child"], options["app_target"]) == (
+        "process",
+        50,
+        target,
+    )
+    assert invoke(target, "--pool", "fork").exit_code == 2
+    assert invoke(target, "--max-tasks-per-child", "0").exit_code == 2
+
+
 def test_the_worker_defaults_leave_timeouts_off_and_a_five_minute_grace(
     target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -71,6 +87,11 @@ def test_the_worker_defaults_leave_timeouts_off_and_a_five_minute_grace(
     options = _Recorded.options
     assert options["prefetch"] is None and options["timeout"] is None
     assert options["unknown_handler_grace"] == 300.0
+    assert (options["pool"], options["max_tasks_per_child"], options["app_target"]) == (
+        "thread",
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(

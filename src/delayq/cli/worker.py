@@ -1,14 +1,14 @@
 """``delayq worker TARGET``: run an app's handlers, and operate the process.
 
 :class:`WorkerOps` adds what a worker process serves besides its jobs
-(``/metrics``, per-job log lines, an embedded dashboard): ``delayq worker
---metrics-port N --web-port M --log-format json`` builds one and passes its
-:meth:`~WorkerOps.on_result` to the worker. It is tested without a CLI runner.
+(``/metrics``, ``/healthz``, per-job log lines, an embedded dashboard):
+``delayq worker --metrics-port N --health-port H --web-port M --log-format json``
+builds one, passes its :meth:`~WorkerOps.on_result` to the worker and starts it
+with the worker. It is tested without a CLI runner.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import secrets
@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 from rich.logging import RichHandler
 
-from delayq.app import URL_ENV, DelayQ
-from delayq.cli._common import _BadInput, _duration, _errors, _fail, _require_durable, _Settings
+from delayq._loader import load_app
+from delayq.app import DelayQ
+from delayq.cli._common import _duration, _errors, _require_durable, _Settings
 from delayq.cli.web import TOKEN_ENV
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import ConfigurationError
+from delayq.observe.health import OpsServer, WorkerCollector
 from delayq.observe.logs import JsonFormatter, result_logger
 from delayq.observe.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
 from delayq.worker import Worker
@@ -44,10 +46,13 @@ class WorkerOps:
 
     Per-job lines are logged at INFO with ``--log-format json`` (for a log
     pipeline) and at DEBUG otherwise (the readable default stays quiet).
-    ``start()`` serves ``/metrics`` on ``metrics_host:metrics_port`` when a port
-    is given. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) the served
-    numbers are the sum over this host's worker processes, so when the port is
-    taken by a sibling this process only writes its samples and says so.
+    ``start(worker)`` serves ``/metrics`` (with the worker's gauges) and
+    ``/healthz`` on ``metrics_host:metrics_port`` when a port is given, and
+    ``/healthz`` alone on ``metrics_host:health_port``. In multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR``) the served numbers are the sum over this
+    host's worker processes, so when the port is taken by a sibling this
+    process only writes its samples and says so (its ``/healthz`` then needs a
+    ``health_port`` of its own).
 
     ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
     a thread), its lateness chart fed by this worker's ``on_result``; the token
@@ -62,14 +67,20 @@ class WorkerOps:
         metrics_host: str = "127.0.0.1",
         log_format: LogFormat = "text",
         web_port: int | None = None,
+        health_port: int | None = None,
     ) -> None:
-        for option, port in (("--metrics-port", metrics_port), ("--web-port", web_port)):
+        for option, port in (
+            ("--metrics-port", metrics_port),
+            ("--web-port", web_port),
+            ("--health-port", health_port),
+        ):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"{option} must be 0..65535, got {port}")
         self.app = app
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self.web_port = web_port
+        self.health_port = health_port
         self.series = LatenessSeries() if web_port is not None else None
         wanted = metrics_port is not None or web_port is not None
         self.metrics = Metrics(series=self.series).instrument(app) if wanted else None
@@ -78,9 +89,10 @@ class WorkerOps:
         self.web_url: str | None = None
         level = logging.INFO if log_format == "json" else logging.DEBUG
         self._log_result = result_logger(logging.getLogger("delayq.jobs"), level)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self.port: int | None = None  # the port actually served (0 picks a free one)
+        self._server: OpsServer | None = None
+        self._health: OpsServer | None = None
+        self.port: int | None = None  # the metrics port actually served (0 picks a free one)
+        self.health_port_served: int | None = None
 
     def on_result(self, result: JobResult) -> None:
         """Pass as ``Worker(on_result=...)``."""
@@ -88,18 +100,28 @@ class WorkerOps:
             self.metrics.on_result(result)
         self._log_result(result)
 
-    def start(self) -> None:
-        """Serve ``/metrics`` and the dashboard if ports were given (see the class docstring)."""
+    def start(self, worker: Worker | None = None) -> None:
+        """Serve ``/metrics``, ``/healthz`` (for ``worker``) and the dashboard if
+        ports were given (see the class docstring)."""
         if self.web_port is not None:
             self._start_web(self.web_port)
+        if self.health_port is not None and worker is not None:
+            try:
+                self._health = OpsServer(self.metrics_host, self.health_port, worker=worker)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot serve /healthz on {self.metrics_host}:{self.health_port}: {exc}"
+                ) from exc
+            self.health_port_served = self._health.port
+            log.info("health on http://%s:%d/healthz", self.metrics_host, self._health.port)
         if self.metrics_port is None:
             return
-        from prometheus_client import start_http_server  # noqa: PLC0415
-
         registry = exposition_registry(self.metrics, self.app.backend)
+        if worker is not None:
+            registry.register(WorkerCollector(worker))
         try:
-            self._server, self._thread = start_http_server(
-                self.metrics_port, addr=self.metrics_host, registry=registry
+            self._server = OpsServer(
+                self.metrics_host, self.metrics_port, worker=worker, registry=registry
             )
         except OSError as exc:
             if multiprocess_dir() is None:
@@ -113,7 +135,7 @@ class WorkerOps:
                 multiprocess_dir(),
             )
             return
-        self.port = self._server.server_port
+        self.port = self._server.port
         log.info("metrics on http://%s:%d/metrics", self.metrics_host, self.port)
 
     def _start_web(self, port: int) -> None:
@@ -151,10 +173,10 @@ class WorkerOps:
             if self._web_thread is not None:
                 self._web_thread.join(10)
             self._web = None
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        for server in (self._server, self._health):
+            if server is not None:
+                server.close()
+        self._server = self._health = None
         if self.metrics is not None and multiprocess_dir() is not None:
             from prometheus_client import multiprocess  # noqa: PLC0415
 
@@ -162,31 +184,6 @@ class WorkerOps:
 
 
 # -- the command ----------------------------------------------------------------------
-def _load_app(target: str, url: str | None) -> DelayQ:
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise _BadInput(f"TARGET must look like 'package.module:app', got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    if url is not None:
-        os.environ[URL_ENV] = url  # an app built with DelayQ() picks it up
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail(f"cannot import {module_name!r}: {exc}")
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        _fail(f"module {module_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, DelayQ) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, DelayQ):
-        _fail(f"{target} is a {type(obj).__name__}, not a DelayQ app (or a function returning one)")
-    return obj
-
-
 def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     """Send delayq's logs to stderr at ``level``; returns a function undoing it."""
     handler: logging.Handler
@@ -231,6 +228,20 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     help="Longest run of one attempt, e.g. '5m', for handlers without their own timeout.",
 )
 @click.option(
+    "--pool",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Run handlers on threads, or in spawned child processes (CPU-bound work, hard "
+    "timeouts: a child past its timeout is killed).",
+)
+@click.option(
+    "--max-tasks-per-child",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --pool process: replace a child after this many jobs (memory leaks).",
+)
+@click.option(
     "--unknown-handler-grace",
     default="5m",
     show_default=True,
@@ -244,6 +255,12 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Serve /healthz here (200 healthy, 503 and why not); also served on --metrics-port.",
+)
 @click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -259,10 +276,13 @@ def worker(
     grace: str,
     prefetch: int | None,
     timeout: str | None,
+    pool: str,
+    max_tasks_per_child: int | None,
     unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    health_port: int | None,
     web_port: int | None,
     log_format: str,
 ) -> None:
@@ -274,13 +294,14 @@ def worker(
     settings: _Settings = ctx.ensure_object(_Settings)
     _require_durable(settings.url)
     with _errors():
-        app = _load_app(target, settings.url)
+        app = load_app(target, settings.url)
         ops = WorkerOps(
             app,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             log_format="json" if log_format == "json" else "text",
             web_port=web_port,
+            health_port=health_port,
         )
         w = Worker(
             app,
@@ -292,6 +313,9 @@ def worker(
             timeout=None if timeout is None else _duration(timeout, "--timeout"),
             unknown_handler_grace=_duration(unknown_handler_grace, "--unknown-handler-grace"),
             on_result=ops.on_result,
+            pool=pool,
+            max_tasks_per_child=max_tasks_per_child,
+            app_target=target if pool == "process" else None,
         )
     restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
@@ -300,18 +324,19 @@ def worker(
             "%s opens its own store %s; --url %s is not used", target, app.url, settings.url
         )
     log.info(
-        "worker %d: %s on %s, handlers: %s; concurrency %d, lease %.1fs",
+        "worker %d: %s on %s, handlers: %s; concurrency %d (%s pool), lease %.1fs",
         os.getpid(),
         target,
         app.url,
         ", ".join(sorted(app.handlers)) or "none",
         w.concurrency,
+        pool,
         w.lease,
     )
     try:
         with _errors():
-            ops.start()
-        w.run()
+            ops.start(w)
+            w.run()
     finally:
         ops.close()
         stats = w.stats()

@@ -14,11 +14,16 @@ module each:
   every ``lease / 3`` in one ``extend_many`` call per pass;
 * ``_runner``: handler threads and the event loop for async handlers, the
   lease check before a handler starts, handler timeouts;
+* ``_process`` / ``_child``: the process pool (``pool="process"``), the parent's
+  side (children started, tasks handed over, a timed-out child killed) and the
+  spawned child's loop;
 * ``_commit``: the group committer, recording finished attempts in batches (one
   store call each), claiming the next jobs in the same call under a backlog;
 * ``_decide``: the pure rules: succeeded, retried (the job's backoff),
   dead-lettered, skipped (misfire), returned;
-* ``_stats``: counters and fixed-size histograms behind :meth:`Worker.stats`.
+* ``_stats``: counters and fixed-size histograms behind :meth:`Worker.stats`;
+* ``_health``: what :meth:`Worker.health_snapshot` reads and the one rule that
+  judges it (:meth:`WorkerHealth.problems`, served as ``/healthz``).
 
 What happens to a claimed job:
 
@@ -46,7 +51,8 @@ elsewhere (at-least-once). A second signal stops at once (the same hand-back).
 from __future__ import annotations
 
 from delayq.worker._decide import JobResult, Outcome
-from delayq.worker._stats import WorkerHealth, WorkerStats, percentile
+from delayq.worker._health import WorkerHealth
+from delayq.worker._stats import WorkerStats, percentile
 from delayq.worker._worker import Worker
 
 __all__ = ["JobResult", "Outcome", "Worker", "WorkerHealth", "WorkerStats", "percentile"]

@@ -281,10 +281,11 @@ class GroupCommitter:
         return taken
 
     def oldest_waiting_locked(self) -> float | None:
-        """When (monotonic) the oldest decided result not yet recorded was decided:
-        buffered, failed, or held for an abandoned handler; None when there is none."""
+        """When (monotonic) the oldest decided result waiting for the committer was
+        decided: buffered, failed, or in the call under way; None when there is none.
+        A result held for a handler that runs on past its timeout waits for that
+        handler, not for the committer: it is not counted."""
         entries = [*self._finished, *self._failed, *self._in_call]
-        entries += [r.held for r in self._table.records.values() if isinstance(r.held, _Finished)]
         return min(
             (
                 e.rec.started_mono + e.duration if e.rec.started else e.rec.mono_claimed

@@ -108,11 +108,17 @@ def format_error(exc: BaseException) -> str:
     return _cut("".join(traceback.format_exception(exc)).rstrip())
 
 
-def timeout_error(name: str, timeout: float) -> str:
-    """The error recorded for a handler that ran past its timeout."""
+def timeout_error(name: str, timeout: float, *, killed: bool = False) -> str:
+    """The error recorded for a handler that ran past its timeout (``killed``: its
+    child process is killed, a process pool)."""
+    fate = (
+        "its child process is killed"
+        if killed
+        else "a sync handler's thread is left to finish and its result ignored"
+    )
     return (
         f"HandlerTimeout: handler {name!r} ran past its timeout of {timeout:g}s; the attempt "
-        f"counts as failed (a sync handler's thread is left to finish and its result ignored)"
+        f"counts as failed ({fate})"
     )
 
 

@@ -25,6 +25,11 @@ coroutine whose attempt was decided before it could start never runs. While
 async handlers run, the watcher pings the loop; one that does not answer
 within ``LOOP_BLOCKED`` seconds is logged (a handler blocks it).
 
+With a process pool (``_process.ProcessPool``) a started attempt's handler,
+sync or async, runs in a child process while its thread waits for the answer;
+a timeout kills the child instead of leaving a thread to it, and the thread
+serves the next claim once the child is gone.
+
 Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep the process
 alive: a handler stuck past the grace period cannot block interpreter exit
 (its job's lease simply runs out).
@@ -51,6 +56,7 @@ from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, Decision, decide, format_error, timeout_error
 from delayq.worker._inflight import InFlight, InFlightTable
 from delayq.worker._loop import Cancelled, EventLoopThread
+from delayq.worker._process import ChildFailed, ProcessPool
 
 __all__ = ["LOOP_BLOCKED", "Runner"]
 
@@ -78,8 +84,10 @@ class Runner:
         name: str,
         timeout: float | None,
         unknown_handler_grace: float,
+        pool: ProcessPool | None = None,
     ) -> None:
         self._table = table
+        self._pool = pool
         self._app = app
         self._committer = committer
         self._clock = clock
@@ -144,6 +152,8 @@ class Runner:
         with self._loop_lock:
             if self._loop is not None:
                 self._loop.shutdown()
+        if self._pool is not None:
+            self._pool.shutdown()
 
     # -- one attempt ----------------------------------------------------------------------
     def _attempt_safely(self, rec: InFlight) -> bool:
@@ -230,6 +240,8 @@ class Runner:
         timeout armed first), an async one on the loop (armed when it starts
         there). False when this thread must end (see :meth:`_attempt`)."""
         clock = self._clock
+        if self._pool is not None:
+            return self._execute_in_child(self._pool, rec, handler, ctx, started)
         if handler.is_async:
             self._start_async(rec, handler, ctx, started)
             return True
@@ -255,14 +267,51 @@ class Runner:
             return True
         return self._finish(rec, None, clock.monotonic() - started)
 
-    def _finish(self, rec: InFlight, exc: BaseException | None, duration: float) -> bool:
-        """Decide and record a handler's result; False when it was fenced (timed out)."""
+    def _execute_in_child(
+        self, pool: ProcessPool, rec: InFlight, handler: Handler, ctx: JobContext, started: float
+    ) -> bool:
+        """Run a started attempt's handler in a child process and record the answer.
+        Its timeout starts when a child takes it (a wait for a child being started
+        does not use it up)."""
+        timeout = self._timeout_of(handler)
+        table = self._table
+
+        def begin() -> bool:  # a child is ready: the handler starts now, unless decided
+            with table.lock:
+                if rec.done or rec.abandoned:
+                    return False
+                if timeout is not None:
+                    self._watch_locked(rec, self._clock.monotonic() + timeout)
+                return True
+
+        failed = pool.run(rec.key, handler.name, rec.claim.job.payload, ctx, begin=begin)
+        duration = self._clock.monotonic() - started
+        with table.lock:
+            # Decided meanwhile: by its timeout (the child was killed for it) or
+            # at shutdown (abandoned); its result is not the attempt's.
+            decided = rec.done or rec.abandoned
+        if decided:
+            self._committer.body_ended(rec)  # a retry held for it is recorded now
+            return True
+        if failed is None:
+            return self._finish(rec, None, duration)
+        summary, error = failed
+        return self._finish(rec, ChildFailed(summary), duration, error=error)
+
+    def _finish(
+        self, rec: InFlight, exc: BaseException | None, duration: float, *, error: str | None = None
+    ) -> bool:
+        """Decide and record a handler's result (``error``: its text, when not
+        ``exc``'s own traceback); False when it was fenced (timed out) and this
+        thread must end."""
         claim = rec.claim
+        if exc is not None and error is None:
+            error = format_error(exc)
         decision = decide(
             claim,
             claim.claimed_at + (self._clock.monotonic() - rec.mono_claimed),
             ran=True,
-            error=None if exc is None else format_error(exc),
+            error=error,
             started_at=claim.claimed_at + (rec.started_mono - rec.mono_claimed),
         )
         assert decision is not None
@@ -289,14 +338,15 @@ class Runner:
                 )
         if self._committer.finish(rec, decision, duration, handler_slot=True):
             return True
-        if not rec.abandoned:
+        if not rec.abandoned and self._pool is None:
             log.warning(
                 "job %s (%s) returned after its timeout; its result is ignored",
                 claim.job.id,
                 claim.job.name,
             )
         self._committer.body_ended(rec)  # a retry held for it may be recorded now
-        return False
+        # A killed child gives its thread back; a sync handler's thread was replaced.
+        return self._pool is not None
 
     def _finish_task(self, rec: InFlight, exc: BaseException | None, duration: float) -> None:
         self._finish(rec, exc, duration)
@@ -377,7 +427,7 @@ class Runner:
             handler = self._app.get_handler(claim.job.name)
             timeout = self._timeout if handler is None else self._timeout_of(handler)
             assert timeout is not None  # only a handler with a timeout has a deadline
-            error = timeout_error(claim.job.name, timeout)
+            error = timeout_error(claim.job.name, timeout, killed=self._pool is not None)
             decision = decide(
                 claim, claim.claimed_at + (now - rec.mono_claimed), ran=True, error=error
             )
@@ -416,7 +466,9 @@ class Runner:
                 abandoned,
                 cap,
             )
-        if is_async:
+        if self._pool is not None:
+            self._pool.kill(rec.key)  # its thread serves again once the child is gone
+        elif is_async:
             if cancel is not None:
                 cancel()
         else:
@@ -426,7 +478,11 @@ class Runner:
         """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set, which
         the handler sees as ``ctx.lease_lost``): an async handler is cancelled, as
         its result could not be recorded any more and another worker may run the
-        job now; a sync one is told only (it cannot be interrupted)."""
+        job now; a sync one is told only (it cannot be interrupted), in a child
+        process too."""
+        if self._pool is not None:
+            self._pool.lease_lost(rec.key)
+            return
         with self._table.lock:
             cancel = rec.cancel if rec.is_async and not rec.done else None
         if cancel is not None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COUNTERS", "Histogram", "WorkerHealth", "WorkerStats", "percentile"]
+__all__ = ["COUNTERS", "Histogram", "WorkerStats", "percentile"]
 
 _log = math.log
 
@@ -139,31 +139,6 @@ class WorkerStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerHealth:
-    """What a health check judges, read at one instant (monotonic seconds).
-
-    ``beats``: the last loop turn of each part (``dispatcher``; ``leases``, which
-    only turns while claims are held); ``stuck_calls``: part -> when its store
-    call now under way began (``dispatcher``: claim, ``leases``: extend_many,
-    ``committer``: complete), a call older than ``lease / 3`` is stuck;
-    ``abandoned`` / ``abandoned_cap``: handlers running on past their timeout
-    (at the cap the worker claims nothing); ``loop_blocked_since``: the asyncio
-    loop of async handlers stopped answering then (None while it answers);
-    ``oldest_result_waiting``: when the oldest result not yet recorded was decided.
-    """
-
-    now: float
-    lease: float
-    in_flight: int
-    beats: dict[str, float]
-    stuck_calls: dict[str, float]
-    abandoned: int
-    abandoned_cap: int
-    loop_blocked_since: float | None
-    oldest_result_waiting: float | None
 
 
 class StatsBook:

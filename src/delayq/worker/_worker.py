@@ -10,18 +10,21 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from delayq._loader import app_target
 from delayq._validate import check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
 from delayq.clock import Clock
-from delayq.errors import QueueClosed
+from delayq.errors import InvalidOption, QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher
+from delayq.worker._health import WorkerHealth
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import MARK_AFTER, LeaseKeeper
+from delayq.worker._process import ProcessPool
 from delayq.worker._runner import Runner
-from delayq.worker._stats import WorkerHealth, WorkerStats
+from delayq.worker._stats import WorkerStats
 
 __all__ = ["Worker"]
 
@@ -52,6 +55,15 @@ class Worker:
     run (a sync thread, a cancelled coroutine that goes on): at the cap the
     worker claims nothing more until one ends.
 
+    ``pool="process"`` runs every handler in one of ``concurrency`` spawned child
+    processes instead of on a handler thread: CPU-bound handlers use every core,
+    and a handler past its timeout is killed (SIGTERM, then SIGKILL) and retried
+    by its backoff once its child is gone; a child that dies mid-handler fails
+    the attempt with its exit signal. Each child loads the app by its name,
+    ``app_target`` (``"package.module:app"``; found among the imported modules
+    when not given), and gets the payload as JSON. ``max_tasks_per_child``
+    replaces a child after that many jobs (a handler leaking memory).
+
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
     (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
     (handler threads, the event loop, timeouts), the group committer, and the
@@ -74,6 +86,9 @@ class Worker:
         on_result: Callable[[JobResult], None] | None = None,
         name: str = "delayq-worker",
         max_abandoned: int | None = None,
+        pool: str = "thread",
+        max_tasks_per_child: int | None = None,
+        app_target: str | None = None,
     ) -> None:
         self.app = app
         self._backend: Backend = app.backend
@@ -95,6 +110,8 @@ class Worker:
         )
         self.idle_wait = check_option_seconds(idle_wait, "idle_wait")
         self.name = name
+        self.pool = pool
+        self._pool = self._process_pool(app, pool, max_tasks_per_child, app_target)
         gather = max(1, min(self.batch, self.concurrency) // 2)
         self._table = InFlightTable(
             concurrency=self.concurrency,
@@ -124,6 +141,7 @@ class Worker:
             name=name,
             timeout=self.timeout,
             unknown_handler_grace=self.unknown_handler_grace,
+            pool=self._pool,
         )
         self._keeper = LeaseKeeper(
             self._table,
@@ -147,13 +165,45 @@ class Worker:
         self._done = threading.Event()
         self._draining = threading.Event()  # set once the dispatcher stopped claiming
         self._crash: BaseException | None = None
+        self._starting = False
+
+    def _process_pool(
+        self, app: DelayQ, pool: str, max_tasks: int | None, target: str | None
+    ) -> ProcessPool | None:
+        if pool not in ("thread", "process"):
+            raise InvalidOption(f"pool must be 'thread' or 'process', got {pool!r}")
+        if max_tasks is not None:
+            max_tasks = _positive_int(max_tasks, "max_tasks_per_child")
+        if pool == "thread":
+            if max_tasks is not None or target is not None:
+                raise InvalidOption("max_tasks_per_child and app_target need pool='process'")
+            return None
+        if target is None:
+            target = app_target(app)
+            if target is None:
+                raise InvalidOption(
+                    "pool='process' needs app_target='package.module:app' (the children "
+                    "import the app by name; this app is no module-level variable)"
+                )
+        return ProcessPool(target, size=self.concurrency, max_tasks_per_child=max_tasks)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> Worker:
-        """Start claiming in a background thread; returns self."""
+        """Start claiming in a background thread; returns self.
+
+        With a process pool, first starts its children and waits until each has
+        loaded the app (:class:`~delayq.errors.ConfigurationError` if one cannot)."""
         with self._table.lock:
-            if self._thread is not None:
+            if self._thread is not None or self._starting:
                 raise QueueClosed("this worker was already started; create a new Worker")
+            self._starting = True
+        if self._pool is not None:
+            try:
+                self._pool.start()
+            except BaseException:
+                self._done.set()
+                raise
+        with self._table.lock:
             # One thread more than handlers: the thread committing a batch of
             # results never holds up a claimed job.
             self._runner.start(self.concurrency + 1)
@@ -296,6 +346,14 @@ class Worker:
             calling = committer.call_started
             if calling is not None:
                 stuck["committer"] = calling
+            renewed = min(
+                (
+                    rec.lease_deadline - self.lease
+                    for rec in table.records.values()
+                    if not (rec.lost or rec.abandoned)
+                ),
+                default=None,
+            )
             return WorkerHealth(
                 now=self.clock.monotonic(),
                 lease=self.lease,
@@ -306,6 +364,10 @@ class Worker:
                 abandoned_cap=table.abandoned_cap,
                 loop_blocked_since=table.loop_blocked_since,
                 oldest_result_waiting=committer.oldest_waiting_locked(),
+                least_recently_renewed=renewed,
+                idle_wait=self.idle_wait,
+                running=self.running,
+                stopping=table.stopping,
             )
 
     # -- the dispatcher thread ------------------------------------------------

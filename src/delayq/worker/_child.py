@@ -1,0 +1,83 @@
+"""The child side of the process pool: a spawned process running one handler at a time.
+
+The child loads the app by its name (``package.module:app``, with the one
+loader), says it is ready, then runs the tasks its parent sends over its pipe,
+one at a time: a task is JSON (handler name, payload, the context's fields), the
+answer is JSON (``ok``, or the error text with its traceback). An async handler
+runs to its end in ``asyncio.run``. The child ignores SIGINT (a Ctrl-C on the
+terminal reaches the whole process group; the parent stops gracefully), ends
+when its pipe closes, after ``max_tasks`` tasks, or when its parent is gone
+(a watchdog thread: an orphan must not run a job whose lease its dead parent
+can no longer keep). A timed-out handler is ended from outside: SIGTERM, then
+SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from delayq._loader import load_app
+from delayq.job import JobContext
+from delayq.worker._decide import format_error
+
+__all__ = ["ORPHAN_CHECK", "child_main"]
+
+ORPHAN_CHECK = 0.5
+"""Seconds between the child's looks at whether its parent still lives."""
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(ORPHAN_CHECK)
+        if os.getppid() != parent:
+            os._exit(70)  # the parent died: its claims' leases run out, the jobs run elsewhere
+
+
+async def _wait(awaitable: Awaitable[Any]) -> None:
+    await awaitable
+
+
+def _run(app: Any, task: dict[str, Any], lease_lost: Any) -> dict[str, Any]:
+    handler = app.get_handler(task["name"])
+    if handler is None:
+        return {"error": f"UnknownHandler: the child process has no handler {task['name']!r}"}
+    ctx = JobContext(**task["ctx"], lease_lost=lease_lost)
+    try:
+        result = handler.call(json.loads(task["payload"]), ctx)
+        if result is not None and inspect.isawaitable(result):
+            asyncio.run(_wait(result))
+    except BaseException as exc:  # SystemExit from a handler is its failure too
+        return {"error": format_error(exc), "summary": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True}
+
+
+def child_main(target: str, conn: Connection, lease_lost: Any, max_tasks: int, parent: int) -> None:
+    """The child's whole life (the target of the spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    try:
+        app = load_app(target)
+    except BaseException as exc:
+        conn.send_bytes(json.dumps({"ready": False, "error": format_error(exc)}).encode())
+        return
+    conn.send_bytes(json.dumps({"ready": True}).encode())
+    done = 0
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the parent closed the pipe: stop
+        answer = _run(app, json.loads(data), lease_lost)
+        conn.send_bytes(json.dumps(answer).encode())
+        done += 1
+        if max_tasks and done >= max_tasks:
+            return

@@ -1,0 +1,90 @@
+"""Handlers a process pool's children import by name (``tests.unit._pool_app:app``).
+
+Each handler reports to the file named in its payload, so a test in the parent
+sees what happened in the child: its pid, its payload, its context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from delayq import DelayQ, JobContext
+
+TARGET = "tests.unit._pool_app:app"
+
+app = DelayQ("memory://")
+
+
+def _report(to: dict[str, Any], **facts: Any) -> None:
+    with Path(to["report"]).open("a") as out:
+        out.write(json.dumps({"pid": os.getpid(), **facts}) + "\n")
+
+
+@app.handler("echo")
+def echo(payload: dict[str, Any], ctx: JobContext) -> None:
+    _report(
+        payload,
+        payload=payload,
+        id=ctx.id,
+        attempt=ctx.attempt,
+        token=ctx.token,
+        max_attempts=ctx.max_attempts,
+    )
+
+
+@app.handler("fails")
+def fails(payload: dict[str, Any]) -> None:
+    _report(payload)
+    raise ValueError(f"boom {payload['n']}")
+
+
+@app.handler("waits", timeout=2.0)
+def waits(payload: dict[str, Any]) -> None:
+    """Runs until the file ``payload["release"]`` exists (a hung call)."""
+    _report(payload)
+    while not Path(payload["release"]).exists():
+        time.sleep(0.01)
+
+
+@app.handler("spins", timeout=2.0)
+def spins(payload: dict[str, Any]) -> None:
+    _report(payload)
+    while True:
+        pass
+
+
+@app.handler("dies")
+def dies(payload: dict[str, Any]) -> None:
+    _report(payload)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.handler("fenced")
+def fenced(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Waits for the loss of its lease (as a handler fencing its side effect would)."""
+    _report(payload, token=ctx.token, started=True)
+    _report(payload, lost=ctx.lease_lost.wait(60))
+
+
+@app.handler("sleeps_async")
+async def sleeps_async(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(0)
+    _report(payload, loop=True)
+
+
+def register_on(target: DelayQ) -> None:
+    """Register these handlers on ``target`` too (a test's app on a fake clock)."""
+    for name, handler in app.handlers.items():
+        target.register(name, handler.fn, timeout=handler.timeout)
+
+
+def reports(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
