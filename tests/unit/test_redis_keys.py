@@ -8,6 +8,7 @@ import pytest
 from redis.crc import key_slot
 
 from delayq.backends.redis import SCRIPT_NAMES, mask, queue_keys, split_url
+from delayq.backends.redis._connection import SCRIPTS
 from delayq.errors import ConfigurationError
 
 
@@ -63,12 +64,20 @@ def test_the_prefix_comes_before_the_hash_tag() -> None:
     assert queue_keys("myapp", "orders")["due"] == "myapp:{orders}:due"
 
 
-@pytest.mark.parametrize("name", ["_lib", *SCRIPT_NAMES])
+@pytest.mark.parametrize("name", ["_lib", "_flow", *SCRIPT_NAMES])
 def test_every_script_starts_with_its_keys_and_argv(name: str) -> None:
     text = (resources.files("delayq.backends.redis") / "lua" / f"{name}.lua").read_text()
     header = text.split("\n\n", 1)[0]
     assert header.startswith("-- ")
     assert "KEYS[1" in header and "ARGV[1" in header
+
+
+def test_the_flow_helpers_are_spliced_in_before_the_helpers_that_use_them() -> None:
+    claim = SCRIPTS["claim"]
+    assert "-- (the flow-control helpers" not in claim
+    assert claim.index("local function schedule") < claim.index("local function flow_admit")
+    assert claim.index("local function free_slot") < claim.index("local function leave_running")
+    assert "flow_pick" not in SCRIPTS["extend"]  # only the helpers a script uses
 
 
 def test_queue_and_prefix_can_come_from_the_url_query() -> None:

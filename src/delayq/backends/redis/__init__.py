@@ -27,15 +27,18 @@ there)::
                              retried call whose first reply was lost returns the
                              same claims instead of new ones
     P:{Q}:schedules    HASH  recurring schedule records (``_schedules.py``)
+    P:{Q}:limits ...   flow control: limit records, the ready stage (by priority
+                             and group), parked jobs, slots and rate state per
+                             key (described in ``lua/_flow.lua``)
 
 Finished records are capped per state (``max_finished``) and dead letters
 (``max_dead``), the oldest going first, so memory stays bounded by default.
 
 Every state change (enqueue, claim, ack, retry, bury, complete (a batch of
 those three), complete_and_claim, extend, cancel, reschedule, requeue_dead,
-purge_dead) is one Lua script in this folder, run with EVALSHA (a script the
-server no longer knows, after ``SCRIPT FLUSH`` or a restart, is sent whole).
-Each declares what it does when Redis is out of memory (``SCRIPT_FLAGS`` in
+purge_dead, put_limit, delete_limit) is one Lua script in this folder, run
+with EVALSHA (a script the server no longer knows, after ``SCRIPT FLUSH`` or a
+restart, is sent whole). Each declares what it does when Redis is out of memory (``SCRIPT_FLAGS`` in
 ``_connection.py``).
 
 One clock decides "due": the scripts read Redis ``TIME``, so a worker whose
@@ -74,7 +77,8 @@ scripts, driver errors mapped in one place), ``_fields`` (script arguments and
 replies), ``_waiting`` (blocked waits and wake-ups), ``_expiry`` (the optional
 key-expiry trigger), ``_server`` (eviction and
 persistence checks), ``_store`` (the contract methods), ``_inspect`` (reads and
-dead letters), ``_schedules`` (recurring schedule records).
+dead letters), ``_schedules`` (recurring schedule records), ``_flow`` (flow-control
+limit records).
 """
 
 from delayq.backends.redis._connection import SCRIPT_NAMES, mask, split_url

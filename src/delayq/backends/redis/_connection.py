@@ -55,8 +55,11 @@ SCRIPT_NAMES = (
     "next_wake",
     "stats",
     "get",
+    "put_limit",
+    "delete_limit",
 )
-"""The Lua scripts, one file each (``<name>.lua``), each prefixed with ``_lib.lua``."""
+"""The Lua scripts, one file each (``<name>.lua``), each prefixed with the ``_lib.lua``
+(and ``_flow.lua``) helpers it uses."""
 
 SCRIPT_FLAGS = {
     # Calls that add work are refused as a whole when Redis is out of memory
@@ -65,6 +68,7 @@ SCRIPT_FLAGS = {
     "enqueue": "",
     "reschedule": "",
     "requeue_dead": "",
+    "put_limit": "",
     # Calls that finish, renew, hand out or free work go on: refusing them would
     # stop the draining that frees memory, let leases lapse (handlers run twice)
     # and strand claimed jobs. Each writes a few bytes per job at most.
@@ -78,6 +82,7 @@ SCRIPT_FLAGS = {
     "cancel": "allow-oom",
     "purge_dead": "allow-oom",
     "get": "allow-oom",  # deletes expired finished records it meets
+    "delete_limit": "allow-oom",
     # Reads.
     "next_wake": "no-writes",
     "stats": "no-writes",
@@ -132,25 +137,43 @@ def _split_lib(lib: str) -> tuple[str, list[tuple[str, str]]]:
     return prelude, blocks
 
 
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _with_lib(body: str, prelude: str, blocks: list[tuple[str, str]]) -> str:
     """``body`` after the prelude and only the definitions it uses (transitively):
     Redis runs a script's whole text on every call, so an unused helper costs
     time on every call."""
+    names = {name for name, _ in blocks}
+    uses = {name: set(_WORD.findall(block)) & names for name, block in blocks}
     needed: set[str] = set()
-    text = body
-    while True:
-        used = {name for name, _ in blocks if re.search(rf"\b{name}\b", text)} - needed
-        if not used:
-            break
-        needed |= used
-        text = body + "".join(block for name, block in blocks if name in needed)
+    todo = set(_WORD.findall(body)) & names
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo |= uses[name] - needed
     parts = [block for name, block in blocks if name in needed]
     return prelude + "".join(parts) + "\n" + body
 
 
+_FLOW_SPLICE = "-- (the flow-control helpers of _flow.lua are spliced in here)\n"
+
+
+def _lib_text(folder: Any) -> str:
+    """``_lib.lua`` with the definitions of ``_flow.lua`` (its text from its first
+    ``local``, without its header) at the line that names it: after the helpers
+    they use, before those that use them."""
+    lib: str = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
+    flow: str = folder.joinpath("_flow.lua").read_text(encoding="utf-8")
+    first = re.search(r"^local ", flow, re.MULTILINE)
+    assert first is not None and _FLOW_SPLICE in lib
+    return lib.replace(_FLOW_SPLICE, flow[first.start() :] + "\n", 1)
+
+
 def _load_scripts() -> dict[str, str]:
     folder = resources.files(__package__).joinpath("lua")
-    prelude, blocks = _split_lib(folder.joinpath("_lib.lua").read_text(encoding="utf-8"))
+    prelude, blocks = _split_lib(_lib_text(folder))
     return {
         name: _with_lib(folder.joinpath(f"{name}.lua").read_text(encoding="utf-8"), prelude, blocks)
         for name in SCRIPT_NAMES

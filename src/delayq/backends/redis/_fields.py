@@ -47,6 +47,10 @@ def job_of(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
         last_error=f.get("last_error"),
         outcome=f.get("outcome"),
         lease_until=optional_float(f.get("lease_until")),
+        key=f.get("fkey"),
+        priority=int(f.get("prio", 0)),
+        group=f.get("grp"),
+        throttled_until=optional_float(f.get("throttled")),
     )
 
 
@@ -57,7 +61,8 @@ def enqueue_args(specs: Sequence[JobSpec], on_conflict: str, *, check_only: bool
     # arguments to pack, send and read.
     profiles: dict[tuple[Any, ...], int] = {}
     backoffs: dict[int, str] = {}  # JSON of each backoff dict (often one shared dict)
-    head: list[Any] = [on_conflict, len(specs), 0, "1" if check_only else ""]
+    flow = any(s.key is not None or s.priority or s.group is not None for s in specs)
+    head: list[Any] = [on_conflict, len(specs), 0, "1" if check_only else "", "1" if flow else ""]
     body: list[Any] = []
     for spec in specs:
         backoff = backoffs.get(id(spec.backoff))
@@ -77,6 +82,8 @@ def enqueue_args(specs: Sequence[JobSpec], on_conflict: str, *, check_only: bool
         # A relative delay is due on the server's clock ("+<seconds>").
         when = repr(float(spec.run_at)) if spec.delay is None else f"+{float(spec.delay)!r}"
         body += (spec.id, spec.payload, when, profile)
+        if flow:
+            body += (spec.key or "", str(spec.priority), spec.group or "")
     head[2] = len(profiles)
     return head + body
 

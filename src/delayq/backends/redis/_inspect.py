@@ -112,6 +112,10 @@ class RedisInspection:
             members = self._members(
                 lambda: self._redis.zrangebyscore(self._keys["due"], low, high, 0, limit)
             )
+            # flow control's ready and parked jobs (lua/_flow.lua) are scheduled too
+            members += self._members(
+                lambda: self._redis.zrangebyscore(self._keys["held"], low, high, 0, limit)
+            )
             jobs += self._fetch([m[16:] for m in members])
         others = [JobState.RUNNING, *FINISHED_INDEX] if state is None else [state]
         for other in others:

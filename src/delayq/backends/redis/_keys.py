@@ -42,4 +42,8 @@ def queue_keys(prefix: str, queue: str) -> dict[str, str]:
     keys["wake:"] = ns + "wake:"
     keys["shadow:"] = ns + "shadow:"
     keys["claim:"] = ns + "claim:"
+    # flow control (see lua/_flow.lua): limit records and the jobs in the ready stage
+    # or parked, which listings read beside the due set
+    keys["limits"] = ns + "limits"
+    keys["held"] = ns + "held"
     return keys

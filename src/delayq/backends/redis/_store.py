@@ -40,6 +40,7 @@ from delayq.backends.redis._fields import (
     pairs,
     when_arg,
 )
+from delayq.backends.redis._flow import RedisLimits
 from delayq.backends.redis._inspect import RedisInspection
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
@@ -93,7 +94,7 @@ DEFAULT_MAX_DEAD = 100_000
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(RedisInspection, RedisSchedules):
+class RedisBackend(RedisInspection, RedisSchedules, RedisLimits):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -159,6 +160,7 @@ class RedisBackend(RedisInspection, RedisSchedules):
             "definite_cancel",
             "inspect",
             "recurring",
+            "flow_control",
         }
     )
 
@@ -439,6 +441,7 @@ class RedisBackend(RedisInspection, RedisSchedules):
         )
         if not int(reply[0]):
             raise self._stale(claim, reply)
+        self._wakes.woke(reply[1])  # a freed slot brought a parked job back
 
     def retry(self, claim: Claim, run_at: float, error: str) -> None:
         reply = self._run(
@@ -452,6 +455,7 @@ class RedisBackend(RedisInspection, RedisSchedules):
         reply = self._run("bury", [claim.job.id, claim.token, clip_error(error)])
         if not int(reply[0]):
             raise self._stale(claim, reply)
+        self._wakes.woke(reply[1])
 
     def release(self, claim: Claim) -> None:
         [stale] = self.complete([Completion.release(claim)])

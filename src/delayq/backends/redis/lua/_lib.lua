@@ -94,11 +94,18 @@ local function schedule(key, id, run_at, fresh)
   return member
 end
 
--- Take a scheduled job out of the due set (its member is its sequence number and id).
+-- (the flow-control helpers of _flow.lua are spliced in here)
+
+-- Take a scheduled job out of the due set, or out of the ready stage or its key's
+-- parked jobs (its member is its sequence number and id).
 local function unschedule(key, id)
   local seq = redis.call('HGET', key, 'seq')
   if seq then
-    redis.call('ZREM', K_DUE, string.format('%016d', tonumber(seq)) .. id)
+    local member = string.format('%016d', tonumber(seq)) .. id
+    redis.call('ZREM', K_DUE, member)
+    if flow_on() then
+      flow_drop(key, member)
+    end
   end
   if SHADOW_PREFIX ~= '' then
     redis.call('DEL', SHADOW_PREFIX .. id)
@@ -232,6 +239,13 @@ local function new_tokens(count)
   return first
 end
 
+-- The job's lease ends (it leaves the running set): its key's slot frees. Returns 1
+-- when that woke a waiter (a parked job of the key came back).
+local function leave_running(key, id)
+  redis.call('ZREM', K_RUNNING, id)
+  return free_slot(key)
+end
+
 -- The most leases of one job that may run out with no recorded start before it is
 -- buried (mirrors MAX_UNSTARTED in _common.py; a test checks they agree).
 local MAX_UNSTARTED = 5
@@ -250,7 +264,7 @@ local LEASE_FIELDS = {'state', 'attempts', 'max_attempts', 'lease_until', 'start
 -- lease_expired_error / lease_expired_note / unstarted_expired_error /
 -- unstarted_expired_note in _common.py.
 local function recover_lease(key, id, f)
-  redis.call('ZREM', K_RUNNING, id)
+  leave_running(key, id)
   local attempts, max_attempts = tonumber(f[2]), tonumber(f[3])
   local at = format_time(tonumber(f[4]))
   if not f[5] then
@@ -300,8 +314,9 @@ local function settled_state(key, id)
 end
 
 -- Finish a claimed job as succeeded or skipped with an optional note ("" = none).
+-- Returns 1 when a waiter was woken (see leave_running).
 local function ack_job(key, id, state, outcome)
-  redis.call('ZREM', K_RUNNING, id)
+  local woke = leave_running(key, id)
   redis.call('HSET', key, 'state', state, 'updated_at', fmt(NOW))
   redis.call('HDEL', key, 'lease_until')
   if outcome ~= '' then
@@ -310,15 +325,18 @@ local function ack_job(key, id, state, outcome)
     redis.call('HDEL', key, 'outcome')
   end
   finish(key, id, state)
+  return woke
 end
 
 -- Return a claimed job to the due set at `run_at` (text, epoch seconds) with its error.
+-- Returns 1 when a waiter was woken (see leave_running).
 local function retry_job(key, id, run_at, err)
-  redis.call('ZREM', K_RUNNING, id)
+  local woke = leave_running(key, id)
   redis.call('HSET', key, 'state', 'scheduled', 'run_at', run_at, 'last_error', err,
     'updated_at', fmt(NOW))
   redis.call('HDEL', key, 'lease_until')
   schedule(key, id, tonumber(run_at), false)
+  return woke
 end
 
 local function is_final(state)
@@ -342,7 +360,8 @@ end
 --
 -- First, expired leases go back to the due set (due at once), or to the
 -- dead-letter set when the job has used all its attempts: no reaper process is
--- needed. Then due jobs are claimed in (run_at, enqueue order). When the claim
+-- needed. Then due jobs are claimed in (run_at, enqueue order), or, on a queue
+-- that uses flow control, in claim order with the limits applied (flow_pick). When the claim
 -- filled its limit and jobs remain that are due now, or due before any lease
 -- ends, one more worker is woken (the wake-up passes on like a baton): the one
 -- token an enqueue pushed was taken by this busy worker, so no idle worker
@@ -404,34 +423,41 @@ local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_pur
   local lease_until = NOW + lease
   local lease_until_s = fmt(lease_until)
   local result = {now, lease_until_s, '', 0}
-  local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+  local picked, full
+  if flow_on() then
+    picked, full = flow_pick(limit)
+  else
+    local members = redis.call('ZRANGEBYSCORE', K_DUE, '-inf', fmt(NOW_MS), 'LIMIT', 0, limit)
+    picked, full = {}, #members == limit
+    for _, member in ipairs(members) do
+      local id = string.sub(member, 17)
+      redis.call('ZREM', K_DUE, member)
+      if SHADOW_PREFIX ~= '' then
+        redis.call('DEL', SHADOW_PREFIX .. id)
+      end
+      if redis.call('HGET', job_key(id), 'state') == 'scheduled' then
+        picked[#picked + 1] = id
+      end
+    end
+  end
   local lease_before = nil -- the earliest lease deadline before this claim (ms)
-  if #members > 0 then
+  local first_token = 0
+  if #picked > 0 then
     lease_before = tonumber(redis.call('ZRANGE', K_RUNNING, 0, 0, 'WITHSCORES')[2])
+    first_token = new_tokens(#picked)
   end
   local claimed = 0
-  local first_token = 0
-  if #members > 0 then
-    first_token = new_tokens(#members)
-  end
-  for _, member in ipairs(members) do
-    local id = string.sub(member, 17)
+  for _, id in ipairs(picked) do
     local key = job_key(id)
-    redis.call('ZREM', K_DUE, member)
-    if SHADOW_PREFIX ~= '' then
-      redis.call('DEL', SHADOW_PREFIX .. id)
-    end
-    if redis.call('HGET', key, 'state') == 'scheduled' then
-      local token = string.format('%d', first_token + claimed)
-      redis.call('HINCRBY', key, 'attempts', 1)
-      redis.call('HDEL', key, 'started')
-      redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
-        'updated_at', now)
-      redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
-      claimed = claimed + 1
-      result[#result + 1] = id
-      result[#result + 1] = redis.call('HGETALL', key)
-    end
+    local token = string.format('%d', first_token + claimed)
+    redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HDEL', key, 'started')
+    redis.call('HSET', key, 'state', 'running', 'token', token, 'lease_until', lease_until_s,
+      'updated_at', now)
+    redis.call('ZADD', K_RUNNING, lease_until * 1000, id)
+    claimed = claimed + 1
+    result[#result + 1] = id
+    result[#result + 1] = redis.call('HGETALL', key)
   end
 
   if claimed > 0 and replay_ms > 0 then
@@ -441,9 +467,12 @@ local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_pur
 
   local head = redis.call('ZRANGE', K_DUE, 0, 0, 'WITHSCORES')
   local next_ms = tonumber(head[2])
+  if flow_on() and redis.call('EXISTS', NS .. 'prios') == 1 then
+    next_ms = NOW_MS -- ready jobs are left: due now
+  end
   local lease_ms = lease_until * 1000
   local wake = false
-  if #members == limit and next_ms then
+  if full and next_ms then
     -- Waiters wake by the earliest lease at the latest (see below), so a head
     -- after it needs no token; one before it (or due now) does.
     local earliest_lease = lease_ms
@@ -478,6 +507,7 @@ local function complete_batch(n, first)
   -- The head of the due set before the first retry (acks and buries do not move it).
   local before = nil
   local retried = false
+  local woke = 0 -- a freed slot brought a parked job back
   local result = {0}
   for i = 0, n - 1 do
     local base = first + i * FIELDS
@@ -494,7 +524,9 @@ local function complete_batch(n, first)
           before = head_score()
           retried = true
         end
-        redis.call('ZREM', K_RUNNING, id)
+        if leave_running(key, id) == 1 then
+          woke = 1
+        end
         redis.call('HINCRBY', key, 'attempts', -1)
         redis.call('HSET', key, 'state', 'scheduled', 'updated_at', fmt(NOW))
         if state == 'release_note' then
@@ -515,18 +547,25 @@ local function complete_batch(n, first)
           before = head_score()
           retried = true
         end
-        retry_job(key, id, ARGV[base + 3], ARGV[base + 4])
+        if retry_job(key, id, ARGV[base + 3], ARGV[base + 4]) == 1 then
+          woke = 1
+        end
       elseif state == 'dead' then
-        redis.call('ZREM', K_RUNNING, id)
+        if leave_running(key, id) == 1 then
+          woke = 1
+        end
         bury(key, id, ARGV[base + 4])
-      else
-        ack_job(key, id, state, ARGV[base + 4])
+      elseif ack_job(key, id, state, ARGV[base + 4]) == 1 then
+        woke = 1
       end
       result[#result + 1] = {1}
     end
   end
   if retried then
     result[1] = wake_if_earlier(before)
+  end
+  if woke == 1 then
+    result[1] = 1
   end
   return result
 end

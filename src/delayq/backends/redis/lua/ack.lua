@@ -5,12 +5,12 @@
 -- ARGV[6]   fencing token of the claim
 -- ARGV[7]   final state: "succeeded" | "skipped"
 -- ARGV[8]   outcome note, or "" for none
--- Returns {1}, or {0, state, token} when the claim is stale.
+-- Returns {1, woke (0/1: a freed slot brought a parked job back)}, or {0, state, token}
+-- when the claim is stale.
 local id, token, state, outcome = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local key = job_key(id)
 local is_stale = stale(key, token)
 if is_stale then
   return is_stale
 end
-ack_job(key, id, state, outcome)
-return {1}
+return {1, ack_job(key, id, state, outcome)}

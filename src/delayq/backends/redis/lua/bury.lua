@@ -5,13 +5,14 @@
 -- ARGV[5]   job id
 -- ARGV[6]   fencing token of the claim
 -- ARGV[7]   error text
--- Returns {1}, or {0, state, token} when the claim is stale.
+-- Returns {1, woke (0/1: a freed slot brought a parked job back)}, or {0, state, token}
+-- when the claim is stale.
 local id, token, err = ARGV[5], ARGV[6], ARGV[7]
 local key = job_key(id)
 local is_stale = stale(key, token)
 if is_stale then
   return is_stale
 end
-redis.call('ZREM', K_RUNNING, id)
+local woke = leave_running(key, id)
 bury(key, id, err)
-return {1}
+return {1, woke}

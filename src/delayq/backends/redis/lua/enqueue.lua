@@ -4,19 +4,23 @@
 -- ARGV[5]   on_conflict: "reject" | "keep" | "replace"
 -- ARGV[6]   n, the number of jobs
 -- ARGV[7]   p, the number of profiles: the fields that jobs of one batch usually
---           share, sent once; then 5 fields per profile from ARGV[9]:
+--           share, sent once; then 5 fields per profile from ARGV[10]:
 --           name, max_attempts, backoff (JSON), misfire, created_at (s; 0 = now)
 -- ARGV[8]   "1": only check (pass 1), write nothing: the first pass over a batch sent
 --           in several calls, so a conflict anywhere stores none of it
--- then 4 fields per job from ARGV[9 + 5p]: id, payload, run_at (epoch s, or "+<s>": that
--- many seconds after the server's now), profile (1..p)
+-- ARGV[9]   "1": the jobs carry flow-control fields (3 more per job, below); the queue
+--           then uses flow control from now on (see _flow.lua)
+-- then 4 fields per job from ARGV[10 + 5p]: id, payload, run_at (epoch s, or "+<s>": that
+-- many seconds after the server's now), profile (1..p); with ARGV[9], 3 more: flow key,
+-- priority, group ("" = none; priority "0" = the default)
 -- Returns {"ok", woke (0/1), outcome...} with outcome "created" | "kept" | "replaced"
 -- (none when only checking), or {"conflict", id, state} when nothing was stored.
 local on_conflict = ARGV[5]
 local n = tonumber(ARGV[6])
 local p = tonumber(ARGV[7])
-local PROFILE_FIELDS, FIELDS = 5, 4
-local FIRST = 9 + p * PROFILE_FIELDS
+local with_flow = ARGV[9] == '1'
+local PROFILE_FIELDS, FIELDS = 5, with_flow and 7 or 4
+local FIRST = 10 + p * PROFILE_FIELDS
 local check_only = ARGV[8] == '1'
 
 -- Pass 1: decide every outcome before writing anything (a failing check must
@@ -50,7 +54,7 @@ local before = head_score()
 local now = fmt(NOW)
 local profiles = {}
 for j = 1, p do
-  local base = 9 + (j - 1) * PROFILE_FIELDS
+  local base = 10 + (j - 1) * PROFILE_FIELDS
   local created_at = ARGV[base + 4]
   if tonumber(created_at) == 0 then
     created_at = now
@@ -64,6 +68,9 @@ for i = 0, n - 1 do
   end
 end
 local seq = redis.call('INCRBY', K_SEQ, fresh) - fresh
+if with_flow then
+  redis.call('SET', NS .. 'flow', '1')
+end
 local zadd = {}
 local result = {'ok', 0}
 for i = 0, n - 1 do
@@ -94,6 +101,18 @@ for i = 0, n - 1 do
       'state', 'scheduled', 'attempts', 0, 'max_attempts', profile[2],
       'backoff', profile[3], 'misfire', profile[4], 'created_at', profile[5],
       'updated_at', now, 'seq', seq)
+    if with_flow then
+      local fkey, prio, grp = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
+      if fkey ~= '' then
+        redis.call('HSET', key, 'fkey', fkey)
+      end
+      if prio ~= '0' then
+        redis.call('HSET', key, 'prio', prio)
+      end
+      if grp ~= '' then
+        redis.call('HSET', key, 'grp', grp)
+      end
+    end
     local score = due * 1000
     zadd[#zadd + 1] = score
     zadd[#zadd + 1] = member

@@ -14,5 +14,5 @@ if is_stale then
   return is_stale
 end
 local before = head_score()
-retry_job(key, id, run_at, err)
-return {1, wake_if_earlier(before)}
+local woke = retry_job(key, id, run_at, err)
+return {1, math.max(woke, wake_if_earlier(before))}
