@@ -106,7 +106,7 @@ def logs(payload: dict[str, Any], ctx: JobContext) -> None:
     log = logging.getLogger("tests.pool_app")
     log.debug("debug from %s", ctx.id)
     log.info("info from %s", ctx.id)
-    log.warning("warning from %s", ctx.id)
+    log.warning("warning from %s", ctx.id, extra={"order": 7})
     try:
         raise KeyError("inside")
     except KeyError:

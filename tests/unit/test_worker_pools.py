@@ -361,6 +361,7 @@ def test_a_childs_log_records_go_through_the_parents_loggers(
         "it failed",
     ]  # DEBUG was not forwarded; the order is the child's
     assert {r.process for r in records} == {child}
+    assert getattr(records[1], "order", None) == 7  # extra= fields come along
     assert "KeyError: 'inside'" in (records[2].exc_text or "")
     line = json.loads(JsonFormatter().format(records[2]))
     assert line["pid"] == child and line["level"] == "error"

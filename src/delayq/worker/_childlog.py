@@ -9,7 +9,8 @@ as text: nothing is pickled). The parent reads these frames while it waits for
 the child (before its ``ready`` and before each answer) and :func:`replay`
 hands each record to the parent's logger of the same name, so it goes through
 the parent's own levels, handlers and formatters (text, JSON, a user's setup),
-with the child's pid in ``%(process)d``.
+with the child's pid in ``%(process)d`` and a call's ``extra=`` fields (as JSON,
+anything else as its text).
 
 The child forwards records at :func:`forward_level` (the lowest level the
 parent's loggers are set to), so a parent at INFO does not receive DEBUG
@@ -25,9 +26,10 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from delayq.observe.logs import JOB_FIELD
-
 __all__ = ["PipeLogHandler", "forward_level", "replay"]
+
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+"""The attributes every LogRecord has; the others are a call's ``extra=`` fields."""
 
 _FIELDS = (
     "name",
@@ -77,9 +79,9 @@ class PipeLogHandler(logging.Handler):
                 data["exc_text"] = record.exc_text
             if record.stack_info:
                 data["stack_info"] = record.stack_info
-            job = getattr(record, JOB_FIELD, None)
-            if isinstance(job, dict):
-                data[JOB_FIELD] = job
+            for key, value in vars(record).items():  # extra= fields (the job's, a user's)
+                if key not in _STANDARD:
+                    data[key] = value
             frame = json.dumps({"log": data}, default=str).encode()
             with self._lock:
                 self._conn.send_bytes(frame)
