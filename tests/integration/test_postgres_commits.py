@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 
 from delayq import DelayQ
 from delayq.backends.base import Completion
 from delayq.backends.postgres import PostgresBackend
-from delayq.errors import StaleClaim
+from delayq.backends.postgres._claims import PostgresClaims
+from delayq.errors import BackendUnavailable, StaleClaim
 from delayq.job import JobSpec, JobState
 from tests.postgres_support import POSTGRES_URL, admin, app_name, pg_schema
 
@@ -87,3 +90,45 @@ def test_a_repeated_completion_is_refused_as_already_recorded_not_as_expired(
     [again] = backend.complete([Completion.ack(claim)])  # a retry after a lost reply
     assert isinstance(again, StaleClaim)
     assert "already completed" in str(again) and "expired" not in str(again)
+
+
+def test_a_claim_whose_reply_was_lost_returns_its_jobs_on_the_retry(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 11: the claim committed, its reply never arrived; the retry finds
+    that call's jobs by its request id, so no attempt is spent on nobody."""
+    backend.enqueue([dataclasses.replace(spec("once"), max_attempts=1), spec("later", 3600)])
+    received = PostgresClaims._claims
+    lost: list[int] = []
+
+    def lose_the_first_reply(store: Any, conn: Any, rows: list[Any]) -> list[Any]:
+        if not lost:
+            lost.append(len(rows))
+            raise psycopg.OperationalError("consuming input failed: the reply was lost")
+        return received(store, conn, rows)
+
+    monkeypatch.setattr(PostgresClaims, "_claims", lose_the_first_reply)
+    [claim] = backend.claim(limit=5, lease=30)
+    assert lost == [1]  # the first call had claimed it
+    assert claim.job.id == "once" and claim.job.attempts == 1
+    assert backend.complete([Completion.ack(claim)]) == [None]
+    job = backend.get("once")
+    assert job is not None and job.state is JobState.SUCCEEDED
+
+
+def test_a_claim_retried_after_a_failure_before_its_commit_claims_afresh(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.enqueue([spec("a")])
+    sent = PostgresClaims._claim_once
+    failed: list[bool] = []
+
+    def fail_before_sending(store: Any, params: dict[str, Any]) -> list[Any]:
+        if not failed:
+            failed.append(True)
+            raise BackendUnavailable("the connection broke before the claim was sent")
+        return sent(store, params)
+
+    monkeypatch.setattr(PostgresClaims, "_claim_once", fail_before_sending)
+    [claim] = backend.claim(limit=5, lease=30)
+    assert failed == [True] and claim.job.id == "a" and claim.job.attempts == 1

@@ -14,12 +14,14 @@ option says.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
+import psycopg_pool
 from psycopg.rows import tuple_row
 
 from delayq.backends._common import (
@@ -35,7 +37,7 @@ from delayq.backends.base import Completion
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
 from delayq.clock import Clock
-from delayq.errors import StaleClaim
+from delayq.errors import BackendUnavailable, StaleClaim
 from delayq.job import Claim, JobState
 
 __all__ = ["PostgresClaims"]
@@ -159,10 +161,27 @@ class PostgresClaims:
     """``claim``, ``complete``, ``complete_and_claim`` and ``extend`` (see the module doc)."""
 
     def claim(self: _Store, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        """Lease due jobs. Retried once after a connection failure: the call carries a
+        request id, so when the first reply was lost after the commit the retry
+        returns the jobs that call claimed (their attempt is not spent for nothing)."""
         limit = check_limit(limit)
         lease = check_lease(lease)
         at = check_claim_now(now, self._clock)
         params = PostgresClaims._claim_params(self, limit, lease, at)
+        try:
+            return PostgresClaims._claim_once(self, params)
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, psycopg_pool.PoolTimeout):
+                raise  # nothing was sent: a full pool is not waited for twice
+            log.info("delayq: claim failed (%s); asking again with its request id", exc)
+        with self._conn("claiming again after a failed reply") as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            rows = cur.execute(self._sql.claimed_by, params).fetchall()
+            if rows:
+                return PostgresClaims._claims(self, conn, rows)
+        return PostgresClaims._claim_once(self, params)
+
+    def _claim_once(self: _Store, params: dict[str, Any]) -> list[Claim]:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             mark = self._mark()
@@ -267,7 +286,9 @@ class PostgresClaims:
 
     # -- parts ------------------------------------------------------------------
     def _claim_params(self: _Store, limit: int, lease: float, now: float | None) -> dict[str, Any]:
-        return self._params(now, limit=limit, lease=lease, max_recover=_MAX_RECOVER)
+        return self._params(
+            now, limit=limit, lease=lease, max_recover=_MAX_RECOVER, req=uuid.uuid4()
+        )
 
     def _send_claim(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Cursor:
         """Queue the lease recovery and the claim (inside a pipeline); the claim's cursor."""
