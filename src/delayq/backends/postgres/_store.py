@@ -34,6 +34,7 @@ from delayq.backends._common import (
     check_when,
 )
 from delayq.backends._urls import UrlOptions, keyword_defaults
+from delayq.backends.postgres._aio import AsyncProducer
 from delayq.backends.postgres._claims import PostgresClaims
 from delayq.backends.postgres._connection import (
     check_idle,
@@ -165,6 +166,7 @@ class PostgresBackend(
                 f"synchronous_commit must be 'on' or 'off', got {synchronous_commit!r}"
             )
         check_int(pool_size, "pool_size", minimum=1)
+        self._pool_size = pool_size
         dead_ttl = given.pick("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue
@@ -259,13 +261,26 @@ class PostgresBackend(
     def _configure(self, conn: psycopg.Connection[Any], *, schema_ready: bool = True) -> None:
         """The store's settings on a new session (see ``__init__``); then, once the
         schema exists, the token sequence moved past a server restart."""
-        if not self._pgbouncer:  # (a session's settings do not survive transaction pooling)
-            conn.execute(
-                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
-                [x for pair in self._settings.items() for x in pair],
-            )
+        settings = self._session_settings()
+        if settings:
+            conn.execute(*settings)
         if schema_ready:
             self._after_restart(conn)
+
+    def _session_settings(self) -> tuple[str, list[str]] | None:
+        """The statement that sets the store's settings on a session, with its
+        parameters; None behind PgBouncer (settings do not survive transaction pooling)."""
+        if self._pgbouncer:
+            return None
+        return (
+            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
+            [x for pair in self._settings.items() for x in pair],
+        )
+
+    def async_producer(self) -> AsyncProducer:
+        """A native asyncio client for this store's producer calls (its own pool,
+        opened on first use; close it with ``await producer.close()``)."""
+        return AsyncProducer(self)
 
     def _after_restart(self, conn: psycopg.Connection[Any]) -> None:
         """Fencing tokens stay unique across a server crash: claims commit without
