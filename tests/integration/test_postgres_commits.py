@@ -132,3 +132,46 @@ def test_a_claim_retried_after_a_failure_before_its_commit_claims_afresh(
     monkeypatch.setattr(PostgresClaims, "_claim_once", fail_before_sending)
     [claim] = backend.claim(limit=5, lease=30)
     assert failed == [True] and claim.job.id == "a" and claim.job.attempts == 1
+
+
+def _lose_the_first_reply_after_commit(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> list[bool]:
+    """The first call's last step after its commit fails as a lost reply would."""
+    told = backend._told
+    lost: list[bool] = []
+
+    def lose(conn: Any, at: float | None) -> None:
+        if not lost:
+            lost.append(True)
+            raise psycopg.OperationalError("consuming input failed: the reply was lost")
+        told(conn, at)
+
+    monkeypatch.setattr(backend, "_told", lose)
+    return lost
+
+
+def test_a_completion_whose_reply_was_lost_is_applied_once_and_answered_applied(
+    backend: PostgresBackend, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 12: the store's retry of a committed batch reports it applied, not stale."""
+    backend.enqueue([spec("a"), spec("b")])
+    claims = {c.job.id: c for c in backend.claim(limit=2, lease=30)}
+    lost = _lose_the_first_reply_after_commit(backend, monkeypatch)
+    answers = backend.complete(
+        [Completion.ack(claims["a"]), Completion.retry(claims["b"], 60, "x")]
+    )
+    assert lost == [True] and answers == [None, None]
+    assert dict(_rows(schema)) == {"a": "succeeded", "b": "scheduled"}
+
+
+def test_a_complete_and_claim_whose_reply_was_lost_returns_its_claims_and_answers(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.enqueue([spec("done"), dataclasses.replace(spec("next"), max_attempts=1)])
+    [first] = [c for c in backend.claim(limit=1, lease=30)]
+    lost = _lose_the_first_reply_after_commit(backend, monkeypatch)
+    answers, claims = backend.complete_and_claim([Completion.ack(first)], limit=5, lease=30)
+    assert lost == [True] and answers == [None]
+    assert [(c.job.id, c.job.attempts) for c in claims] == [("next", 1)]
+    assert backend.complete([Completion.ack(claims[0])]) == [None]

@@ -208,13 +208,14 @@ class Statements:
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
                           j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
-            # The jobs one claim call (its request id) leased and still holds: its
-            # retry after a lost reply returns them instead of leaving them leased
-            # to nobody (the running rows of the queue, through jobs_lease).
+            # The jobs one claim call (its request id) leased and still holds, their
+            # leases renewed: its retry after a lost reply returns them instead of
+            # leaving them leased to nobody (the running rows, through jobs_lease).
             claimed_by=f"""
-                SELECT {COLUMNS} FROM {jobs}
+                UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
                 WHERE queue = %(q)s AND state = 'running' AND lease_until > {NOW}
-                  AND claim_req = %(req)s""",
+                  AND claim_req = %(req)s
+                RETURNING {COLUMNS}""",
             # Finished records past result_ttl (dead letters past dead_ttl), a
             # bounded batch at a time.
             purge=f"""
