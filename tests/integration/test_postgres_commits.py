@@ -175,3 +175,23 @@ def test_a_complete_and_claim_whose_reply_was_lost_returns_its_claims_and_answer
     assert lost == [True] and answers == [None]
     assert [(c.job.id, c.job.attempts) for c in claims] == [("next", 1)]
     assert backend.complete([Completion.ack(claims[0])]) == [None]
+
+
+def test_a_failed_claim_part_completes_alone_on_the_same_connection(schema: str) -> None:
+    """Finding 21: with one pooled connection, the fallback does not wait for a second."""
+    backend = PostgresBackend(
+        POSTGRES_URL,
+        schema=schema,
+        application_name=app_name(schema),
+        pool_size=1,
+        connect_timeout=1,
+    )
+    try:
+        backend.enqueue([spec("a"), spec("b", delay=3600)])
+        [claim] = backend.claim(limit=1, lease=30)
+        backend._sql = dataclasses.replace(backend._sql, claim="SELECT 1 / 0")
+        answers, claims = backend.complete_and_claim([Completion.ack(claim)], limit=1, lease=30)
+        assert answers == [None] and claims == []
+        assert dict(_rows(schema))["a"] == "succeeded"
+    finally:
+        backend.close()

@@ -153,11 +153,16 @@ class PostgresClaims:
         self: _Store, sent: CompletionBatch, *, repeated: bool
     ) -> list[StaleClaim | None]:
         with self._conn("completing claims") as conn:
-            with _pipeline(conn):
-                cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(self._sql.complete, self._params(**sent.params()))
-            results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
-            self._told(conn, at)
+            return PostgresClaims._complete_on(self, conn, sent, repeated)
+
+    def _complete_on(
+        self: _Store, conn: psycopg.Connection[Any], sent: CompletionBatch, repeated: bool
+    ) -> list[StaleClaim | None]:
+        with _pipeline(conn):
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(self._sql.complete, self._params(**sent.params()))
+        results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
+        self._told(conn, at)
         return results
 
     def _answers(
@@ -217,7 +222,9 @@ class PostgresClaims:
                     raise
                 else:
                     log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-                    return PostgresClaims._complete_once(self, sent, repeated=repeated), []
+                    # On this connection (its failed transaction is over): a second
+                    # one from the pool could wait for this one to be returned.
+                    return PostgresClaims._complete_on(self, conn, sent, repeated), []
             else:
                 self._set_hint(mark, times)
             results, at = (
