@@ -195,3 +195,28 @@ def test_a_failed_claim_part_completes_alone_on_the_same_connection(schema: str)
         assert dict(_rows(schema))["a"] == "succeeded"
     finally:
         backend.close()
+
+
+def test_the_callers_retry_of_acks_whose_call_failed_after_commit_is_answered_applied(
+    backend: PostgresBackend, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 12: both attempts of the call lost their reply; the worker's own retry
+    of the batch is told the acks are recorded, not that their leases expired."""
+    backend.enqueue([spec("a")])
+    [claim] = backend.claim(limit=1, lease=30)
+    told = backend._told
+    failures: list[bool] = []
+
+    def lose_two(conn: Any, at: float | None) -> None:
+        if len(failures) < 2:
+            failures.append(True)
+            raise psycopg.OperationalError("consuming input failed: the reply was lost")
+        told(conn, at)
+
+    monkeypatch.setattr(backend, "_told", lose_two)
+    with pytest.raises(BackendUnavailable):
+        backend.complete([Completion.ack(claim)])
+    assert backend.complete([Completion.ack(claim)]) == [None]  # the worker's retry
+    [again] = backend.complete([Completion.ack(claim)])  # a true repeat is still refused
+    assert isinstance(again, StaleClaim) and "already completed" in str(again)
+    assert dict(_rows(schema)) == {"a": "succeeded"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from delayq.backends._common import RELEASED_NOTE, clip_error, stale_claim
@@ -34,6 +35,10 @@ class CompletionBatch:
             self.first.setdefault((item.claim.job.id, item.claim.token), i)
         self.chosen = sorted(self.first.values())
 
+    def keys(self) -> set[tuple[str, int]]:
+        """The ``(id, token)`` of every claim in the batch."""
+        return set(self.first)
+
     def params(self) -> dict[str, Any]:
         kinds: list[str] = []
         texts: list[str | None] = []
@@ -60,16 +65,20 @@ class CompletionBatch:
         }
 
     def results(
-        self, done: list[Row], *, repeated: bool = False, deletes_finished: bool = False
+        self,
+        done: list[Row],
+        *,
+        repeated: Collection[tuple[str, int]] = (),
+        deletes_finished: bool = False,
     ) -> tuple[list[StaleClaim | None], float | None]:
         """Each entry's answer, and the earliest due time the batch scheduled.
 
         ``done`` has one row per entry sent (see ``Statements.complete``): nothing
         is read after the commit, so an answer never fails once it is applied.
-        ``repeated``: this batch is this call's second attempt (its first one's
-        reply was lost), so an entry the row shows as done by this claim was done
-        by that attempt: applied, not stale (with ``deletes_finished``, result_ttl
-        0, a finished entry's row is gone instead).
+        ``repeated``: the ``(id, token)`` of entries sent before by a call whose
+        outcome is unknown (a lost reply), so one the row shows as done by this
+        claim was done by that call: applied, not stale (with
+        ``deletes_finished``, result_ttl 0, a finished entry's row is gone instead).
         """
         sent = {(r[0], r[1]): r for r in done}
         earliest = min((r[2] for r in done if r[4] and r[3] in ("retry", "release")), default=None)
@@ -86,7 +95,7 @@ class CompletionBatch:
                 and row[6] == item.claim.token
                 and state is _RESULT_STATE.get(row[3])
             ):
-                if repeated:
+                if key in repeated:
                     continue  # done by this call's first attempt
                 # This claim's result is what the row holds: a retry of a call whose
                 # reply was lost (refused as the contract says, but not "expired").
@@ -97,7 +106,7 @@ class CompletionBatch:
                 )
                 continue
             if (
-                repeated
+                key in repeated
                 and deletes_finished
                 and self.first[key] == i
                 and row is not None

@@ -65,6 +65,10 @@ class _Store(Protocol):
 
     def _purge_batch(self) -> int | None: ...
 
+    def _note_unsure(self, keys: set[tuple[str, int]]) -> None: ...
+
+    def _unsure_among(self, keys: set[tuple[str, int]]) -> set[tuple[str, int]]: ...
+
     def _purged(self, batch: int, deleted: int) -> None: ...
 
     def _mark(self) -> tuple[int, int] | None: ...
@@ -147,7 +151,11 @@ class PostgresClaims:
             return PostgresClaims._complete_once(self, sent, repeated=False)
         except BackendUnavailable as exc:
             _check_retry(exc, "completion")
-        return PostgresClaims._complete_once(self, sent, repeated=True)
+        try:
+            return PostgresClaims._complete_once(self, sent, repeated=True)
+        except BackendUnavailable:
+            self._note_unsure(sent.keys())  # the caller's retry may find them applied
+            raise
 
     def _complete_once(
         self: _Store, sent: CompletionBatch, *, repeated: bool
@@ -168,7 +176,8 @@ class PostgresClaims:
     def _answers(
         self: _Store, sent: CompletionBatch, rows: list[Row], repeated: bool
     ) -> tuple[list[StaleClaim | None], float | None]:
-        return sent.results(rows, repeated=repeated, deletes_finished=self._result_ttl == 0)
+        keys = sent.keys() if repeated else self._unsure_among(sent.keys())
+        return sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
 
     def complete_and_claim(
         self: _Store, batch: Sequence[Completion], *, limit: int, lease: float
@@ -185,12 +194,16 @@ class PostgresClaims:
             return PostgresClaims._complete_and_claim_once(self, sent, params, repeated=False)
         except BackendUnavailable as exc:
             _check_retry(exc, "completion and claim")
-        # The first attempt is one transaction: if it leased jobs, it committed.
-        claims = PostgresClaims._claimed_by(self, params) if limit else []
-        if claims:
-            done = PostgresClaims._complete_once(self, sent, repeated=True) if items else []
-            return done, claims
-        return PostgresClaims._complete_and_claim_once(self, sent, params, repeated=True)
+        try:
+            # The first attempt is one transaction: if it leased jobs, it committed.
+            claims = PostgresClaims._claimed_by(self, params) if limit else []
+            if claims:
+                done = PostgresClaims._complete_once(self, sent, repeated=True) if items else []
+                return done, claims
+            return PostgresClaims._complete_and_claim_once(self, sent, params, repeated=True)
+        except BackendUnavailable:
+            self._note_unsure(sent.keys())  # the caller's retry may find them applied
+            raise
 
     def _complete_and_claim_once(
         self: _Store, sent: CompletionBatch, params: dict[str, Any], *, repeated: bool

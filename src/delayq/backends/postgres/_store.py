@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -66,6 +67,7 @@ DEFAULT_QUEUE = "default"
 _HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
 _PURGE_MOST = 64_000  # rows one purge deletes at most (a backlog doubles it up to this)
+_UNSURE_MOST = 10_000  # completions of unknown outcome remembered (see _note_unsure)
 # The listener's TCP keepalives (unless the URL sets them): a half-open connection
 # is noticed in about 25 s instead of the kernel's default two hours.
 _KEEPALIVES = {
@@ -117,8 +119,8 @@ class PostgresBackend(
       more single-call writes per second; a server crash may lose the last
       fraction of a second of commits, a client crash still loses nothing).
 
-    Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge`` and
-    ``_purge_size``.
+    Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge``,
+    ``_purge_size`` and ``_unsure``.
     The pool and the listener are thread-safe; no query runs under ``_lock``.
     """
 
@@ -219,6 +221,7 @@ class PostgresBackend(
         self._closed = False
         self._last_purge = float("-inf")
         self._purge_size = PURGE_BATCH
+        self._unsure: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._waiter_ids = itertools.count()
         self._hint = threading.local()  # per thread: what its last claim read (see _set_hint)
         try:
@@ -361,6 +364,28 @@ class PostgresBackend(
                 self._last_purge = float("-inf")
             else:
                 self._purge_size = PURGE_BATCH
+
+    def _note_unsure(self, keys: set[tuple[str, int]]) -> None:
+        """Completions whose outcome is unknown (their call failed after its retry):
+        when the caller sends them again, one the row shows as done by its claim
+        was applied by that call (answered applied, not stale). The newest
+        :data:`_UNSURE_MOST` are kept."""
+        with self._lock:
+            for key in keys:
+                self._unsure[key] = None
+                self._unsure.move_to_end(key)
+            while len(self._unsure) > _UNSURE_MOST:
+                self._unsure.popitem(last=False)
+
+    def _unsure_among(self, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """The ``keys`` noted unsure (forgotten now: they are being answered)."""
+        with self._lock:
+            if not self._unsure:
+                return set()
+            found = {key for key in keys if key in self._unsure}
+            for key in found:
+                del self._unsure[key]
+            return found
 
     def _mark(self) -> tuple[int, int] | None:
         """The listener's log position before a claim reads the schedule (no listener: None)."""
