@@ -9,9 +9,9 @@ jobs without blocking their event loop::
 
 Every method has the name, arguments, validation, errors and outcomes of the
 :class:`~delayq.app.DelayQ` method of the same name. On PostgreSQL,
-``schedule``, ``enqueue``, ``cancel`` and ``get`` run natively on the loop
-(psycopg's ``AsyncConnection``, a pool of this object's own: the store's
-``async_producer()``) unless a producer hook is installed (hooks are sync, so
+``schedule``, ``schedule_many``, ``enqueue``, ``cancel`` and ``get`` run
+natively on the loop (psycopg's ``AsyncConnection``, a pool of this object's
+own: the store's ``async_producer()``) unless a producer hook is installed (hooks are sync, so
 the call then runs as DelayQ's). Every other call, and every call on the other
 stores (the SQLite module is synchronous; the Redis store's Lua scripts and
 wake-ups are written against redis-py's sync client, the RabbitMQ store
@@ -151,6 +151,13 @@ class AsyncDelayQ:
     ) -> list[str]:
         """:meth:`DelayQ.schedule_many`: a batch, atomically; the ids in order."""
         items = list(jobs)  # a generator is read here, not in another thread
+        native = self._direct()
+        if native is not None:
+            policy = check_on_conflict(on_conflict)
+            specs = self.app._build_batch(items, self.app.clock.time())  # no I/O
+            if specs:
+                await native.enqueue(specs, on_conflict=policy)
+            return [spec.id for spec in specs]
         return await asyncio.to_thread(self.app.schedule_many, items, on_conflict=on_conflict)
 
     def build(self, name: str, payload: Any = None, **options: Any) -> JobSpec:

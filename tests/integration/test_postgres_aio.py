@@ -46,6 +46,8 @@ def test_schedule_get_and_cancel_run_on_the_loop_with_the_sync_outcomes(
             )
             spec = aq.build("order.cancel", {"order": 7}, job_id="fixed", delay=60)
             assert await aq.enqueue([spec]) == [EnqueueOutcome.CREATED]
+            many = await aq.schedule_many([{"name": "t", "delay": 60}, {"name": "t"}])
+            assert [j.state for j in [app.get(i) for i in many] if j] == [JobState.SCHEDULED] * 2
             assert await aq.cancel(job_id) is CancelOutcome.CANCELLED
             assert await aq.cancel("no-such-job") is CancelOutcome.NOT_FOUND
             assert await aq.get("no-such-job") is None
