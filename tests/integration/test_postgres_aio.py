@@ -129,3 +129,12 @@ def _waiting_on_a_lock(schema: str) -> bool:
             (app_name(schema),),
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_concurrent_first_calls_share_one_pool(app: DelayQ) -> None:
+    async def story() -> list[str]:
+        async with AsyncDelayQ(app=app) as aq:
+            return await asyncio.gather(*(aq.schedule("t", delay=60) for _ in range(20)))
+
+    ids = asyncio.run(story())
+    assert len(set(ids)) == 20 and all(app.get(i) is not None for i in ids)

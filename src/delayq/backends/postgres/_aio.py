@@ -86,6 +86,8 @@ class AsyncProducer:
             else:
                 opening = False
         if opening:
+            # Concurrent first calls see the pool open at once: an uncontended
+            # open() marks it open before it first yields (tested).
             await pool.open(wait=False)
         return pool
 
