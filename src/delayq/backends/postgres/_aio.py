@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 import psycopg_pool
@@ -30,23 +30,48 @@ from psycopg.rows import tuple_row
 
 from delayq.backends._common import check_spec
 from delayq.backends.postgres._connection import mapped
-from delayq.backends.postgres._enqueue import PostgresEnqueue
 from delayq.backends.postgres._inspect import to_job
+from delayq.backends.postgres._sql import Statements
+from delayq.backends.postgres._wake import Listener
 from delayq.errors import BackendUnavailable, QueueClosed
 from delayq.job import CancelOutcome, EnqueueOutcome, Job, JobSpec, OnConflict, check_on_conflict
-
-if TYPE_CHECKING:
-    from delayq.backends.postgres._store import PostgresBackend
 
 __all__ = ["AsyncProducer"]
 
 log = logging.getLogger("delayq.postgres")
 
 
+class _Store(Protocol):
+    """What this module uses of :class:`~delayq.backends.postgres.PostgresBackend`."""
+
+    url: str
+    queue: str
+    _sql: Statements
+    _channel: str
+    _closed: bool
+    _conninfo: str
+    _kwargs: dict[str, Any]
+    _pool_size: int
+    _timeout: float
+    _listener: Listener | None
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+    def _session_settings(self) -> tuple[str, list[str]] | None: ...
+
+    def _insert_params(self, specs: Sequence[JobSpec]) -> dict[str, Any]: ...
+
+    def _verdict(self, row: tuple[Any, ...] | None) -> str | None: ...
+
+    def enqueue(
+        self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
+    ) -> list[EnqueueOutcome]: ...
+
+
 class AsyncProducer:
     """The producer calls of one :class:`PostgresBackend` on asyncio (see the module doc)."""
 
-    def __init__(self, store: PostgresBackend) -> None:
+    def __init__(self, store: _Store) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
@@ -109,13 +134,13 @@ class AsyncProducer:
     async def enqueue(
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
-        """:meth:`PostgresBackend.enqueue` (without ``connection=``), on the loop."""
+        """The store's ``enqueue`` (without ``connection=``), on the loop."""
         store = self._store
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
-        params = PostgresEnqueue._insert_params(store, specs)
+        params = store._insert_params(specs)
         async with self._conn("enqueueing") as conn:
             cur = conn.cursor(row_factory=tuple_row)
             try:
@@ -144,7 +169,7 @@ class AsyncProducer:
             log.warning("delayq: waking workers after a commit failed: %s", exc)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
-        """:meth:`PostgresBackend.cancel`, on the loop."""
+        """The store's ``cancel``, on the loop."""
         store = self._store
         async with self._conn("cancelling") as conn:
             cur = conn.cursor(row_factory=tuple_row)
@@ -157,7 +182,7 @@ class AsyncProducer:
         return CancelOutcome.done(row[1])
 
     async def get(self, job_id: str) -> Job | None:
-        """:meth:`PostgresBackend.get`, on the loop."""
+        """The store's ``get``, on the loop."""
         store = self._store
         async with self._conn("reading a job") as conn:
             cur = conn.cursor(row_factory=tuple_row)
