@@ -11,7 +11,8 @@ missing) on the server at ``--url``; each system's tables are dropped after its
 runs. Per system, one after the other:
 
 - **schedule calls/s** (delayq): one thread calling ``DelayQ.schedule`` as fast as
-  it can, one committed transaction per call.
+  it can, one committed transaction per call; and one thread's event loop with
+  16 tasks awaiting ``AsyncDelayQ.schedule`` (the native asyncio path).
 - **live load**: the shared harness of :mod:`bench.load`: ONE worker process
   with default settings while ONE producer process calls the ordinary
   delayed-enqueue API once per job at a fixed rate, each job due 0 to
@@ -32,6 +33,7 @@ in the benchmark's environment (``bench/requirements-peers.txt``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -174,6 +176,28 @@ def schedule_rate(system: System, calls: int) -> float:
         return calls / (time.perf_counter() - start)
 
 
+def async_schedule_rate(system: System, calls: int, tasks: int = 16) -> float:
+    """``await AsyncDelayQ.schedule`` calls/s from one thread: ``tasks`` coroutines on
+    one event loop (the native asyncio path; jobs due in an hour)."""
+    from delayq import AsyncDelayQ  # noqa: PLC0415
+
+    async def run(url: str) -> float:
+        async with AsyncDelayQ(url) as aq:
+            for i in range(100):  # warm up: the async pool's connections
+                await aq.schedule("noop", {"index": -i, "due": 0}, delay=3600)
+
+            async def producer(first: int) -> None:
+                for i in range(first, calls, tasks):
+                    await aq.schedule("noop", {"index": i, "due": 0}, delay=3600)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(producer(k) for k in range(tasks)))
+            return calls / (time.perf_counter() - start)
+
+    with tempfile.TemporaryDirectory() as tmp, system.prepare(Path(tmp)) as url:
+        return asyncio.run(run(url))
+
+
 def drain_rate(system: System, n: int, workers: int, workdir: Path) -> float:
     """Jobs/s of ``workers`` worker processes on a backlog of ``n`` jobs due already.
 
@@ -239,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             if system.distribution == "delayq":
                 rate = schedule_rate(system, 1000 if args.quick else 5000)
-                calls.append(f"| {label} | {rate:,.0f} |")
+                native = async_schedule_rate(system, 2000 if args.quick else 10000)
+                calls.append(f"| {label} | {rate:,.0f} | {native:,.0f} |")
             for workload in workloads:
                 try:
                     result = measure(system, workload, Path(tmp))
@@ -258,7 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row.append(f"failed: {exc}")
             drains.append("| " + " | ".join(row) + " |")
     if calls:
-        print("| system | schedule calls/s, one thread |\n| --- | ---: |")
+        print(
+            "| system | schedule calls/s, one thread | asyncio, one thread, 16 tasks |\n"
+            "| --- | ---: | ---: |"
+        )
         print("\n".join(calls) + "\n")
     for rate, results in tables.items():
         print(f"live load, {rate:,} jobs/s offered\n")

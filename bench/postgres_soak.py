@@ -4,6 +4,7 @@
 
     python -m bench.postgres_soak                    # 1,000 jobs/s for 10 minutes
     python -m bench.postgres_soak --rate 500 --minutes 3
+    python -m bench.postgres_soak --options result_ttl=0   # finished jobs deleted at once
 
 ONE worker process with default settings (``bench._load_delayq``) and ONE
 producer process calling ``schedule`` at ``--rate`` jobs/s, each job due 0-2 s
@@ -78,9 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument(
+        "--options", default="", help="more store options for the URL, e.g. result_ttl=0"
+    )
     args = parser.parse_args(argv)
     server = bench_database(args.url)
-    url = f"{server}?schema={SCHEMA}"
+    url = f"{server}?schema={SCHEMA}" + (f"&{args.options}" if args.options else "")
     system = delayq_system("delayq-postgres", lambda _dir: _FixedUrl(url))
     seconds = args.minutes * 60
     workload = Workload(args.rate, seconds, HORIZON_S, 10.0, 1)

@@ -8,16 +8,25 @@ jobs without blocking their event loop::
     outcome = await aq.cancel(job_id)           # CancelOutcome.CANCELLED
 
 Every method has the name, arguments, validation, errors and outcomes of the
-:class:`~delayq.app.DelayQ` method of the same name, because it IS that method:
-the call runs in a worker thread (``asyncio.to_thread``, which carries the
-caller's context variables, e.g. a trace context, along). None of delayq's
-stores has an asyncio client today (the SQLite module is synchronous; the Redis
-store's Lua scripts and wake-ups are written against redis-py's sync client, the
-PostgreSQL store against psycopg's sync pool, the RabbitMQ store against pika),
-so a thread is the honest way not to block the loop; one thread per call in
-flight, from the loop's default executor. ``schedule(connection=)`` (joining
-a caller's sync database transaction) has no async twin: an asyncio app holds
-an async connection, which a sync store cannot join.
+:class:`~delayq.app.DelayQ` method of the same name. On PostgreSQL,
+``schedule``, ``schedule_many``, ``enqueue``, ``cancel`` and ``get`` run
+natively on the loop (psycopg's ``AsyncConnection``, a pool of this object's
+own: the store's ``async_producer()``) unless a producer hook is installed (hooks are sync, so
+the call then runs as DelayQ's). Every other call, and every call on the other
+stores (the SQLite module is synchronous; the Redis store's Lua scripts and
+wake-ups are written against redis-py's sync client, the RabbitMQ store
+against pika), runs the DelayQ method in a worker thread
+(``asyncio.to_thread``, which carries the caller's context variables, e.g. a
+trace context, along). ``schedule(connection=)`` (joining a caller's sync
+database transaction) has no async twin.
+
+Cancellation: ``schedule`` chooses the job's id before anything is sent. A
+cancelled ``await aq.schedule(...)`` may still have stored the job (a thread
+cannot be stopped; a statement may commit as its reply is lost): the
+``CancelledError`` carries a note naming that id. To decide in code, pass
+``job_id=`` (or ``build()`` then ``enqueue()``) and look the id up with
+:meth:`AsyncDelayQ.get` after a cancellation; a retry with the same id and
+``on_conflict="keep"`` never stores it twice.
 
 Handlers keep being registered on the :class:`DelayQ` (``aq.app``); async
 handlers run on the worker's event loop, as before.
@@ -30,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Literal
 
+from delayq._validate import check_job_id
 from delayq.app import BackoffArg, DelayQ, MisfireArg, WhenArg
 from delayq.errors import ConfigurationError
 from delayq.job import (
@@ -41,6 +51,7 @@ from delayq.job import (
     OnConflict,
     RescheduleOutcome,
     Stats,
+    check_on_conflict,
 )
 from delayq.recurring import Schedule, ScheduleStatus
 
@@ -63,6 +74,17 @@ class AsyncDelayQ:
         else:
             self.app = DelayQ(url, **options)
             self._owns_app = True
+        # The store's native asyncio client (PostgreSQL), if it has one.
+        maker = getattr(self.app.backend, "async_producer", None)
+        self._native: Any = maker() if callable(maker) else None
+
+    def _direct(self) -> Any:
+        """The native client when this call may use it: no producer hook needs the
+        sync path, and the running loop is the client's; else None (a thread)."""
+        native = self._native
+        if native is None or self.app._hooks or not native.serves():
+            return None
+        return native
 
     # -- producers ----------------------------------------------------------
     async def schedule(
@@ -81,15 +103,15 @@ class AsyncDelayQ:
         priority: int = 0,
         group: str | None = None,
     ) -> str:
-        """:meth:`DelayQ.schedule`: store one job; its id."""
-        return await asyncio.to_thread(
-            self.app.schedule,
+        """:meth:`DelayQ.schedule`: store one job; its id (chosen before anything is
+        sent: see the module doc on cancellation)."""
+        policy = check_on_conflict(on_conflict)
+        spec = self.app.build(  # no I/O: validation and the id, on the loop
             name,
             payload,
             delay=delay,
             at=at,
             job_id=job_id,
-            on_conflict=on_conflict,
             max_attempts=max_attempts,
             backoff=backoff,
             misfire=misfire,
@@ -97,12 +119,45 @@ class AsyncDelayQ:
             priority=priority,
             group=group,
         )
+        try:
+            native = self._direct()
+            if native is not None:
+                await native.enqueue([spec], on_conflict=policy)
+                return spec.id
+            return await asyncio.to_thread(
+                self.app.schedule,
+                name,
+                payload,
+                delay=delay,
+                at=at,
+                job_id=spec.id,
+                on_conflict=policy,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                misfire=misfire,
+                key=key,
+                priority=priority,
+                group=group,
+            )
+        except asyncio.CancelledError as exc:
+            exc.add_note(
+                f"delayq: job {spec.id!r} may have been stored before the cancellation: "
+                f"look it up with get({spec.id!r}) before scheduling it again"
+            )
+            raise
 
     async def schedule_many(
         self, jobs: Iterable[Mapping[str, Any]], *, on_conflict: OnConflict = "reject"
     ) -> list[str]:
         """:meth:`DelayQ.schedule_many`: a batch, atomically; the ids in order."""
         items = list(jobs)  # a generator is read here, not in another thread
+        native = self._direct()
+        if native is not None:
+            policy = check_on_conflict(on_conflict)
+            specs = self.app._build_batch(items, self.app.clock.time())  # no I/O
+            if specs:
+                await native.enqueue(specs, on_conflict=policy)
+            return [spec.id for spec in specs]
         return await asyncio.to_thread(self.app.schedule_many, items, on_conflict=on_conflict)
 
     def build(self, name: str, payload: Any = None, **options: Any) -> JobSpec:
@@ -113,10 +168,16 @@ class AsyncDelayQ:
         self, specs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
         """:meth:`DelayQ.enqueue`: store built specs; each outcome."""
+        native = self._direct()
+        if native is not None:
+            return list(await native.enqueue(list(specs), on_conflict=on_conflict))
         return await asyncio.to_thread(self.app.enqueue, list(specs), on_conflict=on_conflict)
 
     async def cancel(self, job_id: str) -> CancelOutcome:
         """:meth:`DelayQ.cancel`: cancelled, running, finished or not found."""
+        native = self._direct()
+        if native is not None:
+            return await native.cancel(check_job_id(job_id))  # type: ignore[no-any-return]
         return await asyncio.to_thread(self.app.cancel, job_id)
 
     async def reschedule(
@@ -131,6 +192,9 @@ class AsyncDelayQ:
 
     # -- inspection and dead letters ----------------------------------------
     async def get(self, job_id: str) -> Job | None:
+        native = self._direct()
+        if native is not None:
+            return await native.get(check_job_id(job_id))  # type: ignore[no-any-return]
         return await asyncio.to_thread(self.app.get, job_id)
 
     async def list_jobs(
@@ -217,7 +281,9 @@ class AsyncDelayQ:
 
     # -- lifecycle ----------------------------------------------------------
     async def close(self) -> None:
-        """Close the app if this object opened it. Idempotent."""
+        """Close the native client, and the app if this object opened it. Idempotent."""
+        if self._native is not None:
+            await self._native.close()
         if self._owns_app:
             await asyncio.to_thread(self.app.close)
 

@@ -185,6 +185,7 @@ _PARAMS: dict[str, Any] = {
     "limit": 10,
     "lease": 30.0,
     "max_recover": 10,
+    "req": "00000000-0000-4000-8000-000000000000",
     "batch": 10,
     "state": "succeeded",
     "low": 0.0,
@@ -208,6 +209,7 @@ _PARAMS: dict[str, Any] = {
     [
         "recover",
         "claim",
+        "claimed_by",
         "purge",
         "purge_dead_letters",
         "complete",

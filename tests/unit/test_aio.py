@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -149,3 +150,34 @@ def test_an_owned_app_is_closed_and_a_given_one_is_not(tmp_path: Path) -> None:
         app.schedule("mail")  # still open
     with pytest.raises(ConfigurationError):
         AsyncDelayQ("memory://", app=DelayQ("memory://"))
+
+
+def test_a_cancelled_schedule_names_the_id_it_may_have_stored(
+    app: DelayQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id is chosen before the store is called: a cancelled await can be checked."""
+    entered, release = threading.Event(), threading.Event()
+    real = app.backend.enqueue
+
+    def slow_enqueue(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(app.backend, "enqueue", slow_enqueue)
+
+    async def story() -> tuple[asyncio.CancelledError, bool]:
+        aq = AsyncDelayQ(app=app)
+        task = asyncio.create_task(aq.schedule("mail", job_id="chosen"))
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError as exc:
+            release.set()
+            return exc, True
+        return asyncio.CancelledError(), False
+
+    exc, cancelled = run(story())
+    assert cancelled
+    assert any("'chosen'" in note for note in getattr(exc, "__notes__", []))

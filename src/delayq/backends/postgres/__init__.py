@@ -25,6 +25,8 @@ Design
   connection, under a savepoint of its transaction: the job exists if and only
   if that transaction commits. SQLAlchemy ``Connection`` / ``Session`` objects on
   the psycopg driver are accepted too.
+* **asyncio.** ``async_producer()`` (:mod:`._aio`, used by ``AsyncDelayQ``)
+  runs enqueue, cancel and get on psycopg's ``AsyncConnectionPool``.
 * **Churn.** Finished records are deleted ``result_ttl`` after they finish
   (``result_ttl=0``: in the statement that finishes them) and, when
   ``dead_ttl`` is set, dead letters that long after burial, in batches from
@@ -35,7 +37,11 @@ Design
   LISTEN (``pgbouncer=true`` / ``listen=false``: none, waits poll). A failed
   connection (server restart, ``pg_terminate_backend``) raises
   :class:`~delayq.errors.BackendUnavailable` for that call; a pooled
-  connection the server closed is replaced before use. Reads are retried once.
+  connection the server closed is replaced before use. Reads are retried once;
+  so are claims (each call carries a request id) and completions: when only
+  the first reply was lost, the retry returns that call's claims and answers
+  its applied completions as applied (no attempt spent on a claim nobody
+  received).
   Completions are fenced by token, so an ack lost with its connection never
   finishes a job that was handed to someone else; tokens stay unique across a
   server crash. Nothing raises after a commit.

@@ -14,41 +14,34 @@ option says.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
+import psycopg_pool
 from psycopg.rows import tuple_row
 
 from delayq.backends._common import (
-    RELEASED_NOTE,
     check_claim_now,
     check_lease,
     check_limit,
-    clip_error,
     stale_claim,
     undecodable_error,
 )
 from delayq.backends.base import Completion
+from delayq.backends.postgres._batch import CompletionBatch
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
 from delayq.clock import Clock
-from delayq.errors import StaleClaim
+from delayq.errors import BackendUnavailable, StaleClaim
 from delayq.job import Claim, JobState
 
 __all__ = ["PostgresClaims"]
 
 _MAX_RECOVER = 1000  # expired leases returned per claim call at most
-_FINISH_KIND = {JobState.SUCCEEDED: "succeeded", JobState.SKIPPED: "skipped"}
-_RESULT_STATE = {  # the state each kind of completion leaves the job in
-    "succeeded": JobState.SUCCEEDED,
-    "skipped": JobState.SKIPPED,
-    "dead": JobState.DEAD,
-    "retry": JobState.SCHEDULED,
-    "release": JobState.SCHEDULED,
-}
 _NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 log = logging.getLogger("delayq.postgres")
@@ -62,6 +55,7 @@ class _Store(Protocol):
     _sql: Statements
     _clock: Clock
     _dead_ttl: float | None
+    _result_ttl: float
 
     def _conn(self, doing: str) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
@@ -70,6 +64,10 @@ class _Store(Protocol):
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
 
     def _purge_batch(self) -> int | None: ...
+
+    def _note_unsure(self, keys: set[tuple[str, int]]) -> None: ...
+
+    def _unsure_among(self, keys: set[tuple[str, int]]) -> set[tuple[str, int]]: ...
 
     def _purged(self, batch: int, deleted: int) -> None: ...
 
@@ -86,83 +84,41 @@ def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
         yield pipe
 
 
-class _Batch:
-    """A batch of completions as sent: duplicates removed, one array per column."""
-
-    def __init__(self, items: list[Completion]) -> None:
-        self.items = items
-        # A claim given twice is applied once: later copies are reported stale.
-        self.first: dict[tuple[str, int], int] = {}
-        for i, item in enumerate(items):
-            self.first.setdefault((item.claim.job.id, item.claim.token), i)
-        self.chosen = sorted(self.first.values())
-
-    def params(self) -> dict[str, Any]:
-        kinds: list[str] = []
-        texts: list[str | None] = []
-        for i in self.chosen:
-            item = self.items[i]
-            if item.released:
-                kinds.append("release")
-                texts.append(RELEASED_NOTE)
-            elif item.state is JobState.SCHEDULED:
-                kinds.append("retry")
-                texts.append(clip_error(item.error))
-            elif item.state is JobState.DEAD:
-                kinds.append("dead")
-                texts.append(clip_error(item.error))
-            else:
-                kinds.append(_FINISH_KIND[item.state])
-                texts.append(item.outcome)
-        return {
-            "ids": [self.items[i].claim.job.id for i in self.chosen],
-            "tokens": [self.items[i].claim.token for i in self.chosen],
-            "kinds": kinds,
-            "run_ats": [self.items[i].run_at for i in self.chosen],
-            "texts": texts,
-        }
-
-    def results(self, done: list[Row]) -> tuple[list[StaleClaim | None], float | None]:
-        """Each entry's answer, and the earliest due time the batch scheduled.
-
-        ``done`` has one row per entry sent (see ``Statements.complete``): nothing
-        is read after the commit, so an answer never fails once it is applied.
-        """
-        sent = {(r[0], r[1]): r for r in done}
-        earliest = min((r[2] for r in done if r[4] and r[3] in ("retry", "release")), default=None)
-        results: list[StaleClaim | None] = [None] * len(self.items)
-        for i, item in enumerate(self.items):
-            key = (item.claim.job.id, item.claim.token)
-            row = sent.get(key)
-            if self.first[key] == i and row is not None and row[4]:
-                continue
-            state = None if row is None or row[5] is None else JobState(row[5])
-            if (
-                self.first[key] == i
-                and row is not None
-                and row[6] == item.claim.token
-                and state is _RESULT_STATE.get(row[3])
-            ):
-                # This claim's result is what the row holds: a retry of a call whose
-                # reply was lost (refused as the contract says, but not "expired").
-                results[i] = StaleClaim(
-                    f"claim on job {item.claim.job.id!r} (token {item.claim.token}) was "
-                    f"already completed: the job is {row[5]} by this claim (a repeated "
-                    f"completion, e.g. a retry after a lost reply); nothing changed"
-                )
-                continue
-            results[i] = stale_claim(item.claim, state, None if row is None else row[6])
-        return results, earliest
+def _check_retry(exc: BackendUnavailable, what: str) -> None:
+    """Re-raise ``exc`` unless the call is worth its one retry: a full pool sent
+    nothing (and is not waited for twice); a failed connection may have lost only
+    the reply."""
+    if isinstance(exc.__cause__, psycopg_pool.PoolTimeout):
+        raise exc
+    log.info("delayq: %s failed (%s); trying again with its request id", what, exc)
 
 
 class PostgresClaims:
     """``claim``, ``complete``, ``complete_and_claim`` and ``extend`` (see the module doc)."""
 
     def claim(self: _Store, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+        """Lease due jobs. Retried once after a connection failure: the call carries a
+        request id, so when the first reply was lost after the commit the retry
+        returns the jobs that call claimed (their attempt is not spent for nothing)."""
         limit = check_limit(limit)
         lease = check_lease(lease)
         at = check_claim_now(now, self._clock)
         params = PostgresClaims._claim_params(self, limit, lease, at)
+        try:
+            return PostgresClaims._claim_once(self, params)
+        except BackendUnavailable as exc:
+            _check_retry(exc, "claim")
+        return PostgresClaims._claimed_by(self, params) or PostgresClaims._claim_once(self, params)
+
+    def _claimed_by(self: _Store, params: dict[str, Any]) -> list[Claim]:
+        """The jobs a call with these parameters (its request id) leased and still
+        holds, their leases renewed from now (the caller counts them from now)."""
+        with self._conn("claiming again after a failed reply") as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            rows = cur.execute(self._sql.claimed_by, params).fetchall()
+            return PostgresClaims._claims(self, conn, rows)
+
+    def _claim_once(self: _Store, params: dict[str, Any]) -> list[Claim]:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             mark = self._mark()
@@ -184,18 +140,44 @@ class PostgresClaims:
             return PostgresClaims._claims(self, conn, cur.fetchall())
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
-        """Finish every claim of ``batch`` with one statement (one transaction)."""
+        """Finish every claim of ``batch`` with one statement (one transaction);
+        retried once after a connection failure (a completion this call's first
+        attempt applied is then answered as applied)."""
         items = Completion.batch(batch)
         if not items:
             return []
-        sent = _Batch(items)
+        sent = CompletionBatch(items)
+        try:
+            return PostgresClaims._complete_once(self, sent, repeated=False)
+        except BackendUnavailable as exc:
+            _check_retry(exc, "completion")
+        try:
+            return PostgresClaims._complete_once(self, sent, repeated=True)
+        except BackendUnavailable:
+            self._note_unsure(sent.keys())  # the caller's retry may find them applied
+            raise
+
+    def _complete_once(
+        self: _Store, sent: CompletionBatch, *, repeated: bool
+    ) -> list[StaleClaim | None]:
         with self._conn("completing claims") as conn:
-            with _pipeline(conn):
-                cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(self._sql.complete, self._params(**sent.params()))
-            results, at = sent.results(cur.fetchall())
-            self._told(conn, at)
+            return PostgresClaims._complete_on(self, conn, sent, repeated)
+
+    def _complete_on(
+        self: _Store, conn: psycopg.Connection[Any], sent: CompletionBatch, repeated: bool
+    ) -> list[StaleClaim | None]:
+        with _pipeline(conn):
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(self._sql.complete, self._params(**sent.params()))
+        results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
+        self._told(conn, at)
         return results
+
+    def _answers(
+        self: _Store, sent: CompletionBatch, rows: list[Row], repeated: bool
+    ) -> tuple[list[StaleClaim | None], float | None]:
+        keys = sent.keys() if repeated else self._unsure_among(sent.keys())
+        return sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
 
     def complete_and_claim(
         self: _Store, batch: Sequence[Completion], *, limit: int, lease: float
@@ -206,8 +188,27 @@ class PostgresClaims:
         if limit != 0:
             limit = check_limit(limit)
         lease = check_lease(lease)
-        sent = _Batch(items)
+        sent = CompletionBatch(items)
         params = PostgresClaims._claim_params(self, limit, lease, None)
+        try:
+            return PostgresClaims._complete_and_claim_once(self, sent, params, repeated=False)
+        except BackendUnavailable as exc:
+            _check_retry(exc, "completion and claim")
+        try:
+            # The first attempt is one transaction: if it leased jobs, it committed.
+            claims = PostgresClaims._claimed_by(self, params) if limit else []
+            if claims:
+                done = PostgresClaims._complete_once(self, sent, repeated=True) if items else []
+                return done, claims
+            return PostgresClaims._complete_and_claim_once(self, sent, params, repeated=True)
+        except BackendUnavailable:
+            self._note_unsure(sent.keys())  # the caller's retry may find them applied
+            raise
+
+    def _complete_and_claim_once(
+        self: _Store, sent: CompletionBatch, params: dict[str, Any], *, repeated: bool
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        items, limit = sent.items, params["limit"]
         with self._conn("completing and claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             mark = self._mark() if limit else None
@@ -234,10 +235,16 @@ class PostgresClaims:
                     raise
                 else:
                     log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-                    return PostgresClaims.complete(self, items), []
+                    # On this connection (its failed transaction is over): a second
+                    # one from the pool could wait for this one to be returned.
+                    return PostgresClaims._complete_on(self, conn, sent, repeated), []
             else:
                 self._set_hint(mark, times)
-            results, at = sent.results(done.fetchall()) if items else ([], None)
+            results, at = (
+                PostgresClaims._answers(self, sent, done.fetchall(), repeated)
+                if items
+                else ([], None)
+            )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
             self._told(conn, at)
         return results, claims
@@ -267,7 +274,9 @@ class PostgresClaims:
 
     # -- parts ------------------------------------------------------------------
     def _claim_params(self: _Store, limit: int, lease: float, now: float | None) -> dict[str, Any]:
-        return self._params(now, limit=limit, lease=lease, max_recover=_MAX_RECOVER)
+        return self._params(
+            now, limit=limit, lease=lease, max_recover=_MAX_RECOVER, req=uuid.uuid4()
+        )
 
     def _send_claim(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Cursor:
         """Queue the lease recovery and the claim (inside a pipeline); the claim's cursor."""

@@ -9,6 +9,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
 * ``counts``: job counts by queue and state as appended deltas, kept by
   statement triggers on ``jobs`` and summed up now and then (migration 3).
 * ``meta``: the server start the token sequence was last moved past (migration 3).
+* ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -172,6 +173,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "SELECT queue, state, count(*) FROM {s}.jobs GROUP BY 1, 2",
         ),
         oldest_reader=2,
+    ),
+    Migration(
+        (
+            # The request id of the claim call that leased the job, so that call's
+            # retry after a lost reply finds what it claimed (not indexed: a claim's
+            # update stays as cheap as before). Metadata only: no table rewrite.
+            "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS claim_req uuid",
+        ),
+        oldest_reader=3,
     ),
 )
 

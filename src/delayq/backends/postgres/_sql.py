@@ -91,6 +91,7 @@ class Statements:
     notify: str
     recover: str
     claim: str
+    claimed_by: str
     purge: str
     purge_dead_letters: str
     complete: str
@@ -200,13 +201,21 @@ class Statements:
                     FOR UPDATE SKIP LOCKED)
                 UPDATE {jobs} j SET
                     state = 'running', attempts = j.attempts + 1,
-                    token = nextval('{tokens}'),
+                    token = nextval('{tokens}'), claim_req = %(req)s,
                     lease_until = {NOW} + %(lease)s, updated_at = {NOW}
                 FROM due
                 WHERE j.queue = %(q)s AND j.id = due.id
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
                           j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+            # The jobs one claim call (its request id) leased and still holds, their
+            # leases renewed: its retry after a lost reply returns them instead of
+            # leaving them leased to nobody (the running rows, through jobs_lease).
+            claimed_by=f"""
+                UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
+                WHERE queue = %(q)s AND state = 'running' AND lease_until > {NOW}
+                  AND claim_req = %(req)s
+                RETURNING {COLUMNS}""",
             # Finished records past result_ttl (dead letters past dead_ttl), a
             # bounded batch at a time.
             purge=f"""

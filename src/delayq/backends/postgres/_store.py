@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -34,6 +35,7 @@ from delayq.backends._common import (
     check_when,
 )
 from delayq.backends._urls import UrlOptions, keyword_defaults
+from delayq.backends.postgres._aio import AsyncProducer
 from delayq.backends.postgres._claims import PostgresClaims
 from delayq.backends.postgres._connection import (
     check_idle,
@@ -65,6 +67,7 @@ DEFAULT_QUEUE = "default"
 _HINT_MAX_AGE = 0.5  # seconds a claim's read of the schedule may stand in for a wait's
 _PURGE_EVERY = 1.0  # seconds (of the store's clock) between purges of finished records
 _PURGE_MOST = 64_000  # rows one purge deletes at most (a backlog doubles it up to this)
+_UNSURE_MOST = 10_000  # completions of unknown outcome remembered (see _note_unsure)
 # The listener's TCP keepalives (unless the URL sets them): a half-open connection
 # is noticed in about 25 s instead of the kernel's default two hours.
 _KEEPALIVES = {
@@ -116,8 +119,8 @@ class PostgresBackend(
       more single-call writes per second; a server crash may lose the last
       fraction of a second of commits, a client crash still loses nothing).
 
-    Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge`` and
-    ``_purge_size``.
+    Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge``,
+    ``_purge_size`` and ``_unsure``.
     The pool and the listener are thread-safe; no query runs under ``_lock``.
     """
 
@@ -165,6 +168,7 @@ class PostgresBackend(
                 f"synchronous_commit must be 'on' or 'off', got {synchronous_commit!r}"
             )
         check_int(pool_size, "pool_size", minimum=1)
+        self._pool_size = pool_size
         dead_ttl = given.pick("dead_ttl", dead_ttl)
         self.url = mask(url)
         self.queue = queue
@@ -217,6 +221,7 @@ class PostgresBackend(
         self._closed = False
         self._last_purge = float("-inf")
         self._purge_size = PURGE_BATCH
+        self._unsure: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._waiter_ids = itertools.count()
         self._hint = threading.local()  # per thread: what its last claim read (see _set_hint)
         try:
@@ -259,13 +264,26 @@ class PostgresBackend(
     def _configure(self, conn: psycopg.Connection[Any], *, schema_ready: bool = True) -> None:
         """The store's settings on a new session (see ``__init__``); then, once the
         schema exists, the token sequence moved past a server restart."""
-        if not self._pgbouncer:  # (a session's settings do not survive transaction pooling)
-            conn.execute(
-                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
-                [x for pair in self._settings.items() for x in pair],
-            )
+        settings = self._session_settings()
+        if settings:
+            conn.execute(*settings)
         if schema_ready:
             self._after_restart(conn)
+
+    def _session_settings(self) -> tuple[str, list[str]] | None:
+        """The statement that sets the store's settings on a session, with its
+        parameters; None behind PgBouncer (settings do not survive transaction pooling)."""
+        if self._pgbouncer:
+            return None
+        return (
+            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in self._settings),
+            [x for pair in self._settings.items() for x in pair],
+        )
+
+    def async_producer(self) -> AsyncProducer:
+        """A native asyncio client for this store's producer calls (its own pool,
+        opened on first use; close it with ``await producer.close()``)."""
+        return AsyncProducer(self)
 
     def _after_restart(self, conn: psycopg.Connection[Any]) -> None:
         """Fencing tokens stay unique across a server crash: claims commit without
@@ -346,6 +364,28 @@ class PostgresBackend(
                 self._last_purge = float("-inf")
             else:
                 self._purge_size = PURGE_BATCH
+
+    def _note_unsure(self, keys: set[tuple[str, int]]) -> None:
+        """Completions whose outcome is unknown (their call failed after its retry):
+        when the caller sends them again, one the row shows as done by its claim
+        was applied by that call (answered applied, not stale). The newest
+        :data:`_UNSURE_MOST` are kept."""
+        with self._lock:
+            for key in keys:
+                self._unsure[key] = None
+                self._unsure.move_to_end(key)
+            while len(self._unsure) > _UNSURE_MOST:
+                self._unsure.popitem(last=False)
+
+    def _unsure_among(self, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """The ``keys`` noted unsure (forgotten now: they are being answered)."""
+        with self._lock:
+            if not self._unsure:
+                return set()
+            found = {key for key in keys if key in self._unsure}
+            for key in found:
+                del self._unsure[key]
+            return found
 
     def _mark(self) -> tuple[int, int] | None:
         """The listener's log position before a claim reads the schedule (no listener: None)."""
