@@ -186,3 +186,41 @@ def test_behind_pgbouncer_no_session_state_is_used_and_waits_poll(schema: str) -
         assert done.wait(30)
     finally:
         store.close()
+
+
+def test_a_full_pool_is_waited_for_once_and_not_taken_for_a_failed_server(schema: str) -> None:
+    store = PostgresBackend(
+        POSTGRES_URL,
+        schema=schema,
+        application_name=app_name(schema),
+        pool_size=1,
+        connect_timeout=0.5,
+    )
+    pool = store._pool
+    taken: list[str] = []
+    checks: list[str] = []
+    real_connection, real_check = pool.connection, pool.check
+
+    def connection(*args: Any, **kwargs: Any) -> Any:
+        taken.append("connection")
+        return real_connection(*args, **kwargs)
+
+    def check() -> None:
+        checks.append("check")
+        real_check()
+
+    try:
+        with real_connection():  # the pool's only connection is busy
+            pool.connection = connection  # type: ignore[method-assign]
+            pool.check = check  # type: ignore[method-assign]
+            with pytest.raises(BackendUnavailable, match=r"(?i)pool|connection"):
+                store.get("x")
+            assert taken == ["connection"]  # a read is retried, but not after a full pool
+            taken.clear()
+            store.wait_for_due(0.2)  # not an error: the wait is cut short
+            assert taken == ["connection"]
+        assert checks == []  # the server is fine: no connection is dropped
+        pool.connection = real_connection  # type: ignore[method-assign]
+        assert store.get("x") is None
+    finally:
+        store.close()

@@ -173,6 +173,20 @@ def test_sqlalchemy_connections_and_sessions_are_accepted(
     assert backend.get("orm") is None and backend.get("orm2") is not None
 
 
+def test_a_sqlalchemy_connection_on_another_driver_is_refused_with_nothing_begun(
+    backend: PostgresBackend,
+) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    engine = sqlalchemy.create_engine("sqlite://")  # not psycopg 3
+    try:
+        with engine.connect() as sa_conn:
+            with pytest.raises(InvalidOption, match=r"psycopg.*got sqlite3\.Connection"):
+                backend.enqueue([spec("j", delay=60)], connection=sa_conn)
+            assert not sa_conn.in_transaction()  # the caller's connection is as it was
+    finally:
+        engine.dispose()
+
+
 # -- plans --------------------------------------------------------------------------
 
 _PARAMS: dict[str, Any] = {
