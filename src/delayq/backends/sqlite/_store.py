@@ -38,6 +38,7 @@ from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
 from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
+from delayq.backends.sqlite._inspect import SQLiteInspection
 from delayq.backends.sqlite._readers import ReadConnections
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
@@ -102,7 +103,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 """Query parameters of a sqlite:// URL (there is no driver to pass others to)."""
 
 
-class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, SQLiteLimits, SQLiteInspection, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
