@@ -62,7 +62,6 @@ def error_summary(text: str | None, width: int = ERROR_SUMMARY_CHARS) -> str | N
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-
 def iso(epoch: float | None) -> str | None:
     """``epoch`` as ISO 8601 UTC to the millisecond, or None (also for NaN / infinity)."""
     if epoch is None or not math.isfinite(epoch):

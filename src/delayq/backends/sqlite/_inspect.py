@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 __all__ = ["SQLiteInspection"]
 
+
 class SQLiteInspection:
     """``count_retrying``."""
 
