@@ -10,7 +10,8 @@ Concurrency
   its threads take turns. Reads run on a read-only connection per thread
   (:mod:`._readers`), so a slow inspection read never holds off a claim.
   Concurrent ``enqueue`` calls (a threaded web app calling ``schedule``) share
-  one transaction and one fsync: a group commit, each call failing alone on its own conflict, each returning after the commit that stored it.
+  one transaction and one fsync: a group commit, each call failing alone on
+  its own conflict, each returning after the commit that stored it.
 * **Processes.** Any number of processes may open the same file. Every write
   (claims included) runs in ``BEGIN IMMEDIATE``, which takes the database's
   write lock before reading, so two processes can never both see a job as due
