@@ -19,6 +19,7 @@ from delayq.app import URL_ENV
 from delayq.cli import dead, demo, jobs, limits, rabbitmq, recurring, worker
 from delayq.cli._common import _Settings
 from delayq.cli.bulk import schedule_many_command
+from delayq.cli.bulk_actions import bulk_command
 from delayq.cli.web import web
 
 __all__ = ["cli", "main"]
@@ -59,6 +60,7 @@ for _command in (
     demo.experiment,
     web,
     schedule_many_command,
+    bulk_command,
     recurring.recurring,
     limits.limits,
     rabbitmq.rabbitmq,

@@ -8,6 +8,7 @@ application's state; the endpoints of :mod:`~delayq.web.pages` and
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from delayq._present import error_summary, iso, local, relative
 from delayq.app import DelayQ
+from delayq.errors import InvalidOption
 from delayq.observe.metrics import LatenessSeries, Metrics, lateness_bucket_totals, multiprocess_dir
 from delayq.web.security import CSRF_FIELD, CSRF_HEADER, Guard, host_of
 from delayq.web.views import seconds_text
@@ -45,6 +47,20 @@ def root_of(request: Request) -> str:
     Starlette ``Mount`` or by ``delayq web --root-path``."""
     root: str = request.scope.get("root_path", "")
     return root.rstrip("/")
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """An API request's JSON object body ({} when empty)."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidOption(f"the request body must be JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidOption("the request body must be a JSON object")
+    return data
 
 
 def dashboard(request: Request) -> Dashboard:

@@ -22,9 +22,10 @@ from delayq._present import job_dict
 from delayq.errors import InvalidOption
 from delayq.job import JobState
 from delayq.web import views
-from delayq.web._dashboard import dashboard
+from delayq.web._dashboard import dashboard, json_body
 from delayq.web._recurring import API_PATHS as _RECURRING_PATHS
 from delayq.web._rows import PREVIEW_CHARS, job_row
+from delayq.web.bulk import API_PATHS as _BULK_PATHS
 
 __all__ = ["OPENAPI", "ROUTES"]
 
@@ -46,19 +47,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidOption(f"the request body must be JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidOption("the request body must be a JSON object")
-    return data
 
 
 async def overview(request: Request) -> _JSON:
@@ -102,7 +90,7 @@ async def _act(request: Request, fn: Any, accepted: frozenset[str] = frozenset()
     dash = dashboard(request)
     dash.check_action(request, None)
     job_id = request.path_params["job_id"]
-    body = await _body(request)
+    body = await json_body(request)
     if not accepted.issuperset(body):
         unknown = sorted(set(body) - accepted)
         raise InvalidOption(f"unknown field(s) {unknown}; accepted: {sorted(accepted)}")
@@ -126,7 +114,7 @@ async def requeue(request: Request) -> _JSON:
 async def purge(request: Request) -> _JSON:
     dash = dashboard(request)
     dash.check_action(request, None)
-    body = await _body(request)
+    body = await json_body(request)
     ids = body.get("ids")
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
         raise InvalidOption("ids must be a list of job ids")
@@ -313,6 +301,7 @@ OPENAPI: dict[str, Any] = {
             }
         },
         **_RECURRING_PATHS,
+        **_BULK_PATHS,
         "/metrics": {
             "get": {
                 "summary": "Prometheus text: worker counters, lateness histogram, store gauges",

@@ -42,7 +42,7 @@ from delayq.observe.metrics import (
     exposition_registry,
     multiprocess_dir,
 )
-from delayq.web import _recurring, api, pages
+from delayq.web import _recurring, api, bulk, pages
 from delayq.web._dashboard import Dashboard, dashboard, root_of
 from delayq.web.security import LOOPBACK_HOSTS, Guard
 
@@ -95,7 +95,13 @@ def create_app(
     dash = Dashboard(app, guard, metrics=metrics, series=series, allowed_hosts=hosts)
 
     web = Starlette(
-        routes=[*pages.ROUTES, *_recurring.ROUTES, *api.ROUTES, Route("/metrics", _metrics)],
+        routes=[
+            *pages.ROUTES,
+            *_recurring.ROUTES,
+            *bulk.ROUTES,
+            *api.ROUTES,
+            Route("/metrics", _metrics),
+        ],
         lifespan=_lifespan,
         exception_handlers={
             HTTPException: _http_error,
