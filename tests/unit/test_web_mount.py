@@ -138,3 +138,25 @@ def test_a_500_page_keeps_the_security_headers(
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
     assert response.headers["x-frame-options"] == "DENY"
     assert response.headers["cache-control"] == "no-store"
+
+
+def test_with_a_cache_repeated_gets_share_one_answer_and_an_action_clears_it(
+    app: DelayQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    stats = app.stats
+    monkeypatch.setattr(app, "stats", lambda: calls.append(1) or stats())
+    job_id = app.schedule("mail", delay=60)
+    web = create_app(app, token=TOKEN, cache_seconds=3600)
+    with TestClient(web, base_url=BASE) as client:
+        first = client.get("/api/overview").json()
+        assert client.get("/api/overview").json() == first
+        assert len(calls) == 1
+        assert client.get("/api/overview?x=1").status_code == 200  # another question
+        assert len(calls) == 2
+        cancel = client.post(
+            f"/api/jobs/{job_id}/cancel", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert cancel.json()["outcome"] == "cancelled"
+        assert client.get("/api/overview").json()["counts"]["cancelled"] == 1
+        assert len(calls) == 3

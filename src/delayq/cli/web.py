@@ -102,7 +102,11 @@ def web(
         if host in _ANY_ADDRESS and not allowed_hosts:
             hosts = ["*"]  # any name reaches it; every read needs the token there anyway
         site = create_app(
-            app, token=chosen, require_token_for_reads=not loopback, allowed_hosts=hosts
+            app,
+            token=chosen,
+            require_token_for_reads=not loopback,
+            allowed_hosts=hosts,
+            cache_seconds=1.0,  # pollers share answers (delayq.web._cache)
         )
     except (DelayqError, MissingDependency) as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc

@@ -35,7 +35,11 @@ from delayq.worker import Worker
 if TYPE_CHECKING:
     from delayq.worker import JobResult
 
-__all__ = ["METRICS_RETRY", "LogFormat", "WorkerOps", "worker"]
+__all__ = ["METRICS_RETRY", "WEB_CACHE_SECONDS", "LogFormat", "WorkerOps", "worker"]
+
+WEB_CACHE_SECONDS = 1.0
+"""How long the embedded dashboard answers a repeated GET from its last answer:
+many pollers then cost the worker about one (``delayq.web._cache``)."""
 
 METRICS_RETRY = 5.0
 """Seconds between this worker's tries to take over a metrics port a sibling holds."""
@@ -184,7 +188,13 @@ class WorkerOps:
             ) from exc
         given = os.environ.get(TOKEN_ENV) or None
         token = given or secrets.token_urlsafe(24)
-        site = create_app(self.app, token=token, metrics=self.metrics, series=self.series)
+        site = create_app(
+            self.app,
+            token=token,
+            metrics=self.metrics,
+            series=self.series,
+            cache_seconds=WEB_CACHE_SECONDS,
+        )
         config = uvicorn.Config(
             site, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="none"
         )

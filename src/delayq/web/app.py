@@ -43,6 +43,7 @@ from delayq.observe.metrics import (
     multiprocess_dir,
 )
 from delayq.web import _recurring, api, bulk, pages
+from delayq.web._cache import MicroCache
 from delayq.web._dashboard import Dashboard, dashboard, root_of
 from delayq.web.security import LOOPBACK_HOSTS, Guard
 
@@ -74,6 +75,7 @@ def create_app(
     metrics: Metrics | None = None,
     series: LatenessSeries | None = None,
     allowed_hosts: Collection[str] = (),
+    cache_seconds: float = 0.0,
 ) -> Starlette:
     """The dashboard for ``app``'s store, as an ASGI application.
 
@@ -89,6 +91,9 @@ def create_app(
     allows any, for a server that checks Host itself). Mounted under a prefix
     (a Starlette ``Mount``, or a server's ``root_path``), every link, form,
     redirect and the cookie's path follow it.
+
+    ``cache_seconds`` (e.g. 1) answers a repeated GET from the last answer for
+    that long (:mod:`._cache`), so many pollers cost about one.
     """
     guard = Guard(token or secrets.token_urlsafe(24), require_for_reads=require_token_for_reads)
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
@@ -110,6 +115,7 @@ def create_app(
             Exception: _internal_error,
         },
     )
+    web.add_middleware(MicroCache, seconds=cache_seconds)  # inside the guard: after its checks
     web.add_middleware(_GuardMiddleware, dash=dash)
     web.state.dashboard = dash
     # outermost: the security headers also on a 500 answered by ServerErrorMiddleware
