@@ -23,11 +23,13 @@ _GRID = ((0.0001, "0.1ms"), (0.001, "1ms"), (0.1, "100ms"), (1, "1s"), (60, "1m"
 _LO, _HI = math.log10(0.0001), math.log10(86400.0)
 
 
-def _span_text(seconds: float) -> str:
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
-        if seconds >= size:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+def _ago(seconds: float) -> str:
+    """A tick label: ``-45s``, ``-20m``, ``-1.5h``."""
+    if seconds < 120:
+        return f"-{seconds:.0f}s"
+    if seconds < 7200:
+        return f"-{seconds / 60:.0f}m"
+    return f"-{seconds / 3600:.1f}h"
 
 
 class _Axis:
@@ -50,7 +52,7 @@ class _Axis:
         for i in range(4):
             back = span * (3 - i) / 3
             x = self.x(self.t1 - back)
-            label = "now" if i == 3 else f"-{_span_text(round(back))}"
+            label = "now" if i == 3 else _ago(back)
             anchor = "end" if i == 3 else ("start" if i == 0 else "middle")
             out.append(
                 f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{_TOP}" '
