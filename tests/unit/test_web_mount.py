@@ -96,7 +96,9 @@ def test_mounted_under_a_prefix_every_link_form_and_redirect_stays_under_it(app:
         ]
         for page in pages:
             html = client.get(page).text
-            targets = re.findall(r'(?:href|action|src)="([^"]+)"', html)
+            targets = [
+                t for t in re.findall(r'(?:href|action|src)="([^"]+)"', html) if t != "data:,"
+            ]
             assert targets, page
             assert all(t.startswith("/ops/delayq/") for t in targets), (page, targets)
             for target in {t for t in targets if "/cancel" not in t and "/reschedule" not in t}:
