@@ -21,6 +21,7 @@ from delayq.cli._common import _Settings
 from delayq.cli.bulk import schedule_many_command
 from delayq.cli.bulk_actions import bulk_command
 from delayq.cli.web import web
+from delayq.cli.workers import workers_command
 
 __all__ = ["cli", "main"]
 
@@ -61,6 +62,7 @@ for _command in (
     web,
     schedule_many_command,
     bulk_command,
+    workers_command,
     recurring.recurring,
     limits.limits,
     rabbitmq.rabbitmq,

@@ -30,6 +30,7 @@ from delayq.errors import ConfigurationError
 from delayq.observe.health import OpsServer, WorkerCollector
 from delayq.observe.logs import JsonFormatter, result_logger
 from delayq.observe.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
+from delayq.observe.workers import Heartbeat, keeps_workers
 from delayq.worker import Worker
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ class WorkerOps:
     While a sibling holds the metrics port, this process retries the bind every
     :data:`METRICS_RETRY` seconds, so the port is served again soon after the
     sibling stops.
+
+    With a worker and a store that keeps heartbeats, it records the worker there
+    (:mod:`delayq.observe.workers`: the dashboard's workers page and ``delayq
+    workers``) until closed.
 
     ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
     a thread), its lateness chart fed by this worker's ``on_result``; the token
@@ -107,6 +112,7 @@ class WorkerOps:
         self._health: OpsServer | None = None
         self._closing = threading.Event()
         self._takeover: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
         self.port: int | None = None  # the metrics port actually served (0 picks a free one)
         self.health_port_served: int | None = None
 
@@ -119,6 +125,8 @@ class WorkerOps:
     def start(self, worker: Worker | None = None) -> None:
         """Serve ``/metrics``, ``/healthz`` (for ``worker``) and the dashboard if
         ports were given (see the class docstring)."""
+        if worker is not None and keeps_workers(self.app):
+            self._heartbeat = Heartbeat(worker).start()
         if self.web_port is not None:
             self._start_web(self.web_port)
         if self.health_port is not None and worker is not None:
@@ -225,6 +233,9 @@ class WorkerOps:
     def close(self) -> None:
         """Stop serving; in multiprocess mode mark this process's live gauges dead."""
         self._closing.set()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         if self._takeover is not None:
             self._takeover.join(10)
             self._takeover = None
