@@ -10,6 +10,7 @@ serving a SQLite store in the test's directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -383,3 +384,25 @@ def test_dark_mode_and_a_narrow_screen(browser: Browser, site: Site, tmp_path: P
     assert overflow <= 0  # the table fits or scrolls inside its own box
     shot(page, tmp_path, "dashboard-dark-narrow.png")
     context.close()
+
+
+def test_the_workers_page_lists_live_and_gone_workers(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    from delayq.observe.workers import Heartbeat  # noqa: PLC0415
+    from delayq.worker import Worker  # noqa: PLC0415
+
+    backend: Any = site.app.backend
+    beat = Heartbeat(Worker(site.app, concurrency=4, name="billing-1"), every=0.2).start()
+    gone = {"host": "old-host", "pid": 4242, "concurrency": 8, "in_flight": 3, "lease": 0.5}
+    backend.beat_worker("old-host:4242:ab", json.dumps({**gone, "started": time.time() - 3600}))
+    try:
+        assert wait_until(lambda: time.time() - backend.list_workers()[-1].seen > 1, timeout=30)
+        page = site.page(browser)
+        page.goto(f"{site.url}/workers")
+        alive = page.inner_text(f"tr[data-id='{beat.worker_id}']")
+        assert "billing-1" in alive and "alive" in alive and "0 / 4" in alive
+        assert "gone: not seen for" in page.inner_text("tr[data-id='old-host:4242:ab']")
+        shot(page, tmp_path, "dashboard-workers.png")
+    finally:
+        beat.stop()
