@@ -27,6 +27,7 @@ from delayq.web._recurring import API_PATHS as _RECURRING_PATHS
 from delayq.web._rows import PREVIEW_CHARS, job_row
 from delayq.web._workers import API_PATHS as _WORKER_PATHS
 from delayq.web.bulk import API_PATHS as _BULK_PATHS
+from delayq.web.handlers import API_PATHS as _HANDLER_PATHS
 
 __all__ = ["OPENAPI", "ROUTES"]
 
@@ -304,6 +305,7 @@ OPENAPI: dict[str, Any] = {
         **_RECURRING_PATHS,
         **_BULK_PATHS,
         **_WORKER_PATHS,
+        **_HANDLER_PATHS,
         "/metrics": {
             "get": {
                 "summary": "Prometheus text: worker counters, lateness histogram, store gauges",

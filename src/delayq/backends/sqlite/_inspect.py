@@ -32,7 +32,7 @@ _WORKERS = (
 
 
 class SQLiteInspection:
-    """``count_retrying`` and the worker registry."""
+    """``count_retrying``, ``handler_counts`` and the worker registry."""
 
     _workers_ready_pid: int | None = None
 
@@ -44,6 +44,20 @@ class SQLiteInspection:
         def _write(
             self, doing: str, *, durable: bool = True
         ) -> contextlib.AbstractContextManager[sqlite3.Connection]: ...
+
+    def handler_counts(self, now: float) -> list[tuple[str, str, int, int, float | None]]:
+        """``(name, state, count, due, oldest due run_at)`` of the scheduled, running
+        and dead jobs, grouped on the ``(name, state, ...)`` index in one read."""
+        with self._read("counting jobs by handler") as conn:
+            rows = conn.execute(
+                "SELECT name, state, COUNT(*), "
+                "SUM(state = 'scheduled' AND run_at <= ?), "
+                "MIN(CASE WHEN state = 'scheduled' AND run_at <= ? THEN run_at END) "
+                "FROM delayq_jobs INDEXED BY delayq_jobs_name "
+                "WHERE state IN ('scheduled', 'running', 'dead') GROUP BY name, state",
+                (now, now),
+            ).fetchall()
+        return [(r[0], r[1], int(r[2]), int(r[3] or 0), r[4]) for r in rows]
 
     def _workers_table(self) -> None:
         if self._workers_ready_pid != os.getpid():
