@@ -18,6 +18,14 @@ from delayq import DelayQ, JobContext
 
 TARGET = "tests.unit._pool_app:app"
 
+GATE = "DELAYQ_TEST_CHILD_GATE"
+"""A file path: a child started while that file exists waits at its import until it
+is gone (a test holds a replacement child "starting" for as long as it needs)."""
+
+if os.environ.get(GATE) and __import__("multiprocessing").parent_process() is not None:
+    while Path(os.environ[GATE]).exists():
+        time.sleep(0.01)
+
 app = DelayQ("memory://")
 
 
@@ -88,3 +96,19 @@ def reports(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@app.handler("logs")
+def logs(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Logs at each level and one exception, then reports (the logs come first)."""
+    import logging  # noqa: PLC0415
+
+    log = logging.getLogger("tests.pool_app")
+    log.debug("debug from %s", ctx.id)
+    log.info("info from %s", ctx.id)
+    log.warning("warning from %s", ctx.id)
+    try:
+        raise KeyError("inside")
+    except KeyError:
+        log.exception("it failed")
+    _report(payload)

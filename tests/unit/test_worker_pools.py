@@ -8,6 +8,8 @@ child imports them by name and reports to a file.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import textwrap
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import ConfigurationError, InvalidOption
 from delayq.job import JobState
+from delayq.observe.logs import JsonFormatter
 from delayq.worker import JobResult, Worker
 from delayq.worker._process import describe_exit
 from tests._util import wait_until
@@ -308,3 +311,57 @@ def test_the_worker_command_runs_handlers_in_child_processes(cli_app: str, tmp_p
     assert lines[0][0] != lines[1][0]  # one task per child
     with DelayQ(url) as app:
         assert {app.get(j).state for j in ("first", "last")} == {JobState.SUCCEEDED}  # type: ignore[union-attr]
+
+
+def test_a_handlers_timeout_starts_when_a_child_takes_it_not_while_it_waits_for_one(
+    report: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, release = tmp_path / "gate", tmp_path / "release"
+    monkeypatch.setenv(_pool_app.GATE, str(gate))
+    h = _harness("process", concurrency=1, prefetch=0, max_tasks_per_child=1)
+    try:
+        worker = h.start()
+        gate.touch()  # the child that replaces the first one waits at its start
+        h.app.schedule("echo", {"report": str(report)}, delay=0)
+        assert _result(h).outcome == "succeeded"  # its child retires; the replacement waits
+        payload = {"report": str(report), "release": str(release)}
+        job_id = h.app.schedule("waits", payload, delay=0, max_attempts=1)
+        pool = worker._pool
+        assert pool is not None
+        assert wait_until(lambda: h.job(job_id).state == JobState.RUNNING and pool._starting, SLOW)
+        h.clock.advance(5.0)  # past "waits"'s timeout of 2 s, while no child can take it
+        gate.unlink()
+        assert wait_until(lambda: len(reports(report)) == 2, SLOW)  # it started, in time
+        release.touch()
+        result = _result(h)
+        assert result.outcome == "succeeded", result.error
+        assert h.job(job_id).attempts == 1
+    finally:
+        gate.unlink(missing_ok=True)
+        release.touch()
+        h.stop()
+
+
+def test_a_childs_log_records_go_through_the_parents_loggers(
+    report: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # before the children start: they forward INFO and up
+    h = _harness("process", concurrency=1)
+    try:
+        h.start()
+        job_id = h.app.schedule("logs", {"report": str(report)}, delay=0)
+        assert _result(h).outcome == "succeeded"
+    finally:
+        h.stop()
+    child = reports(report)[0]["pid"]
+    records = [r for r in caplog.records if r.name == "tests.pool_app"]
+    assert [r.getMessage() for r in records] == [
+        f"info from {job_id}",
+        f"warning from {job_id}",
+        "it failed",
+    ]  # DEBUG was not forwarded; the order is the child's
+    assert {r.process for r in records} == {child}
+    assert "KeyError: 'inside'" in (records[2].exc_text or "")
+    line = json.loads(JsonFormatter().format(records[2]))
+    assert line["pid"] == child and line["level"] == "error"
+    assert "KeyError: 'inside'" in line["exc"]

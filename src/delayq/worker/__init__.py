@@ -12,11 +12,12 @@ module each:
   failed commits;
 * ``_leases``: the lease keeper, on its own thread, renewing every held claim
   every ``lease / 3`` in one ``extend_many`` call per pass;
-* ``_runner``: handler threads and the event loop for async handlers, the
-  lease check before a handler starts, handler timeouts;
-* ``_process`` / ``_child``: the process pool (``pool="process"``), the parent's
-  side (children started, tasks handed over, a timed-out child killed) and the
-  spawned child's loop;
+* ``_runner``: handler threads, the lease check before a handler starts; its
+  parts ``_timeouts`` (the watcher expiring handler timeouts) and ``_async``
+  (the event loop of async handlers and its health);
+* ``_process`` / ``_child`` / ``_childlog``: the process pool (``pool="process"``),
+  the parent's side (children started, tasks handed over, a timed-out child
+  killed), the spawned child's loop, and its log records replayed in the parent;
 * ``_commit``: the group committer, recording finished attempts in batches (one
   store call each), claiming the next jobs in the same call under a backlog;
 * ``_decide``: the pure rules: succeeded, retried (the job's backoff),

@@ -8,7 +8,9 @@ runs to its end in ``asyncio.run``. The child ignores SIGINT (a Ctrl-C on the
 terminal reaches the whole process group; the parent stops gracefully), ends
 when its pipe closes, after ``max_tasks`` tasks, or when its parent is gone
 (a watchdog thread: an orphan must not run a job whose lease its dead parent
-can no longer keep). A timed-out handler is ended from outside: SIGTERM, then
+can no longer keep; it sleeps between looks because no event tells a child
+that its parent died). Its log records go to the parent over the same pipe
+(``_childlog``). A timed-out handler is ended from outside: SIGTERM, then
 SIGKILL.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import signal
 import threading
@@ -27,6 +30,7 @@ from typing import Any
 
 from delayq._loader import load_app
 from delayq.job import JobContext
+from delayq.worker._childlog import PipeLogHandler
 from delayq.worker._decide import format_error
 
 __all__ = ["ORPHAN_CHECK", "child_main"]
@@ -52,7 +56,7 @@ def _run(app: Any, task: dict[str, Any], lease_lost: Any) -> dict[str, Any]:
         return {"error": f"UnknownHandler: the child process has no handler {task['name']!r}"}
     ctx = JobContext(**task["ctx"], lease_lost=lease_lost)
     try:
-        result = handler.call(json.loads(task["payload"]), ctx)
+        result = handler.call(task["payload"], ctx)
         if result is not None and inspect.isawaitable(result):
             asyncio.run(_wait(result))
     except BaseException as exc:  # SystemExit from a handler is its failure too
@@ -60,24 +64,40 @@ def _run(app: Any, task: dict[str, Any], lease_lost: Any) -> dict[str, Any]:
     return {"ok": True}
 
 
-def child_main(target: str, conn: Connection, lease_lost: Any, max_tasks: int, parent: int) -> None:
+def _forward_logs(conn: Connection, lock: threading.Lock, level: int) -> None:
+    """Every record of this process goes to the parent (``_childlog``)."""
+    root = logging.getLogger()
+    root.handlers[:] = [PipeLogHandler(conn, lock)]
+    root.setLevel(level)
+
+
+def child_main(
+    target: str, conn: Connection, lease_lost: Any, max_tasks: int, parent: int, *, log_level: int
+) -> None:
     """The child's whole life (the target of the spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lock = threading.Lock()  # the answers and the log frames share the pipe
+    _forward_logs(conn, lock, log_level)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+    def send(answer: dict[str, Any]) -> None:
+        data = json.dumps(answer).encode()
+        with lock:
+            conn.send_bytes(data)
+
     try:
         app = load_app(target)
     except BaseException as exc:
-        conn.send_bytes(json.dumps({"ready": False, "error": format_error(exc)}).encode())
+        send({"ready": False, "error": format_error(exc)})
         return
-    conn.send_bytes(json.dumps({"ready": True}).encode())
+    send({"ready": True})
     done = 0
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the parent closed the pipe: stop
-        answer = _run(app, json.loads(data), lease_lost)
-        conn.send_bytes(json.dumps(answer).encode())
+        send(_run(app, json.loads(data), lease_lost))
         done += 1
         if max_tasks and done >= max_tasks:
             return

@@ -22,6 +22,9 @@ whose attempt starts hands it to an idle child and waits for the answer.
   job's backoff, never lost. A new child takes its place.
 * ``max_tasks_per_child`` recycles a child after that many tasks (a handler
   leaking memory); the replacement is started in the background.
+* A child's log records come back over its pipe as JSON and go through this
+  process's loggers (``_childlog``): ``--log-format json`` covers handlers in
+  children too.
 * ``ctx.lease_lost`` in the child is an event shared with the parent, set when
   the lease keeper loses the attempt's lease.
 * At shutdown idle children are told to stop (their pipe closes); a child still
@@ -35,15 +38,18 @@ import json
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from delayq.errors import ConfigurationError
 from delayq.job import JobContext
 from delayq.worker._child import child_main
+from delayq.worker._childlog import forward_level, replay
 
 __all__ = ["CHILD_START_TIMEOUT", "KILL_GRACE", "ChildFailed", "ProcessPool", "describe_exit"]
 
@@ -78,7 +84,7 @@ def describe_exit(code: int | None) -> str:
 class _Child:
     """One child process and its end of the pipe (used by one thread at a time)."""
 
-    __slots__ = ("conn", "doomed", "lease_lost", "proc", "tasks")
+    __slots__ = ("_poller", "conn", "doomed", "lease_lost", "proc", "tasks")
 
     def __init__(self, proc: Any, conn: Connection, lease_lost: Any) -> None:
         self.proc = proc
@@ -86,6 +92,20 @@ class _Child:
         self.lease_lost = lease_lost
         self.tasks = 0
         self.doomed = False  # being killed (a timeout, or the shutdown)
+        self._poller: Any = None
+
+    def wait_answer(self) -> bool:
+        """Block until the child answered or ended: one ``poll`` on its pipe and its
+        sentinel (built once per child: a task's wait is one system call). True when
+        the pipe has something to read (an answer, or the EOF of a child gone)."""
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.conn.fileno(), select.POLLIN)
+            self._poller.register(self.proc.sentinel, select.POLLIN)
+        fd = self.conn.fileno()
+        while not (ready := self._poller.poll()):
+            pass
+        return any(got == fd for got, _ in ready) or self.conn.poll()
 
     def kill(self, grace: float) -> None:
         """SIGTERM now, SIGKILL after ``grace`` seconds if it still lives."""
@@ -102,6 +122,17 @@ class _Child:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _receive(conn: Connection, deadline: float) -> dict[str, Any] | None:
+    """The next frame from a child that is not a log record (those are replayed);
+    None when none came by ``deadline`` (monotonic)."""
+    while conn.poll(max(0.0, deadline - time.monotonic())):
+        frame: dict[str, Any] = json.loads(conn.recv_bytes())
+        if "log" not in frame:
+            return frame
+        replay(frame["log"])
+    return None
 
 
 class _Closed(Exception):
@@ -153,6 +184,7 @@ class ProcessPool:
         proc = self._mp.Process(
             target=child_main,
             args=(self.target, child_end, lease_lost, self.max_tasks, os.getpid()),
+            kwargs={"log_level": forward_level()},
             name="delayq-child",
         )
         child = _Child(proc, parent_end, lease_lost)
@@ -168,16 +200,15 @@ class ProcessPool:
         """Wait until ``child`` loaded the app; else end it and raise ConfigurationError
         (or ``_Closed`` when the pool shut down meanwhile)."""
         reason = None
-        if child.conn.poll(CHILD_START_TIMEOUT):
-            try:
-                hello = json.loads(child.conn.recv_bytes())
-                if not hello.get("ready"):
-                    reason = hello.get("error", "it did not say why")
-            except (EOFError, OSError):
-                child.proc.join(CHILD_START_TIMEOUT)
-                reason = f"it {describe_exit(child.proc.exitcode)}"
-        else:
-            reason = f"it was not ready after {CHILD_START_TIMEOUT:g}s"
+        try:
+            hello = _receive(child.conn, time.monotonic() + CHILD_START_TIMEOUT)
+            if hello is None:
+                reason = f"it was not ready after {CHILD_START_TIMEOUT:g}s"
+            elif not hello.get("ready"):
+                reason = hello.get("error", "it did not say why")
+        except (EOFError, OSError):
+            child.proc.join(CHILD_START_TIMEOUT)
+            reason = f"it {describe_exit(child.proc.exitcode)}"
         with self._lock:
             closed = self._closed
         if reason is None and not closed:
@@ -268,7 +299,7 @@ class ProcessPool:
         task = json.dumps(
             {
                 "name": name,
-                "payload": json.dumps(payload),
+                "payload": payload,  # JSON data already
                 "ctx": {field: getattr(ctx, field) for field in _CONTEXT_FIELDS},
             }
         ).encode()
@@ -290,9 +321,12 @@ class ProcessPool:
         answer: dict[str, Any] | None = None
         try:
             child.conn.send_bytes(task)
-            wait([child.conn, child.proc.sentinel])
-            if child.conn.poll():
-                answer = json.loads(child.conn.recv_bytes())
+            while child.wait_answer():
+                frame = json.loads(child.conn.recv_bytes())
+                if "log" not in frame:
+                    answer = frame
+                    break
+                replay(frame["log"])
         except (EOFError, OSError):
             answer = None
         finally:

@@ -30,6 +30,9 @@ sync or async, runs in a child process while its thread waits for the answer;
 a timeout kills the child instead of leaving a thread to it, and the thread
 serves the next claim once the child is gone.
 
+The timeout watcher lives in ``_timeouts``, the event loop of async handlers
+in ``_async``: parts of :class:`Runner`, sharing its state.
+
 Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep the process
 alive: a handler stuck past the grace period cannot block interpreter exit
 (its job's lease simply runs out).
@@ -37,37 +40,29 @@ alive: a handler stuck past the grace period cannot block interpreter exit
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import functools
 import inspect
 import itertools
 import logging
 import math
 import threading
-from collections.abc import Awaitable
-from typing import Any
 
 from delayq.app import DelayQ
 from delayq.clock import Clock
 from delayq.job import Handler, JobContext
+from delayq.worker._async import LOOP_BLOCKED, AsyncHandlers
 from delayq.worker._commit import GroupCommitter
-from delayq.worker._decide import RETURNED, Decision, decide, format_error, timeout_error
+from delayq.worker._decide import RETURNED, decide, format_error
 from delayq.worker._inflight import InFlight, InFlightTable
-from delayq.worker._loop import Cancelled, EventLoopThread
+from delayq.worker._loop import EventLoopThread
 from delayq.worker._process import ChildFailed, ProcessPool
+from delayq.worker._timeouts import TimeoutWatcher
 
 __all__ = ["LOOP_BLOCKED", "Runner"]
 
 log = logging.getLogger("delayq.worker")
 
-LOOP_BLOCKED = 1.0
-"""Seconds the asyncio loop may go without running a callback, while async handlers
-are on it, before the worker logs that a handler blocks it."""
 
-
-class Runner:
+class Runner(TimeoutWatcher, AsyncHandlers):
     """Runs the handlers of ready claims (see the module docstring).
 
     ``_loop`` is guarded by ``_loop_lock``; the threads' bookkeeping lives in
@@ -351,129 +346,6 @@ class Runner:
     def _finish_task(self, rec: InFlight, exc: BaseException | None, duration: float) -> None:
         self._finish(rec, exc, duration)
 
-    # -- timeouts -------------------------------------------------------------------------
-    def _timeout_of(self, handler: Handler) -> float | None:
-        return handler.timeout if handler.timeout is not None else self._timeout
-
-    def _arm_timeout(self, rec: InFlight, deadline: float) -> None:
-        with self._table.lock:
-            if not rec.done:
-                self._watch_locked(rec, deadline)
-
-    def _disarm_timeout(self, rec: InFlight) -> None:
-        with self._table.lock:
-            rec.timeout_at = math.inf
-
-    def _watch_locked(self, rec: InFlight, deadline: float) -> None:
-        """Give ``rec`` a timeout deadline; wake (or start) the watcher if it is the earliest."""
-        rec.timeout_at = deadline
-        if deadline < self._watching_until:
-            self._timeouts_changed.notify()
-        self._start_watcher_locked()
-
-    def _start_watcher_locked(self) -> None:
-        if self._watcher is None:
-            self._watcher = threading.Thread(
-                target=self._watch_timeouts, name=f"{self._name}-timeouts", daemon=True
-            )
-            self._watcher.start()
-
-    def _watch_timeouts(self) -> None:
-        """The watcher's loop: sleep until the earliest handler deadline (or the next
-        look at the event loop), expire timeouts, check that the loop runs."""
-        table = self._table
-        clock = self._clock
-        while True:
-            with table.lock:
-                while True:
-                    if table.closed:
-                        return
-                    now = clock.monotonic()
-                    deadline = min(
-                        (
-                            r.timeout_at
-                            for r in table.records.values()
-                            if not r.done and not r.abandoned
-                        ),
-                        default=math.inf,
-                    )
-                    check = self._loop_check_at
-                    if deadline <= now or check <= now:
-                        break
-                    wake = min(deadline, check)
-                    self._watching_until = wake
-                    clock.wait_until(self._timeouts_changed, None if wake == math.inf else wake)
-                self._watching_until = math.inf
-            try:
-                if deadline <= now:
-                    self.expire_timeouts()
-                if check <= now:
-                    self._check_loop(now)
-            except Exception:
-                log.exception("delayq worker: unexpected error while expiring handler timeouts")
-
-    def expire_timeouts(self) -> None:
-        """Fail every running handler past its timeout (the watcher calls this)."""
-        table = self._table
-        now = self._clock.monotonic()
-        with table.lock:
-            expired = [
-                rec
-                for rec in table.records.values()
-                if rec.timeout_at <= now and not rec.done and not rec.abandoned
-            ]
-        for rec in expired:
-            claim = rec.claim
-            handler = self._app.get_handler(claim.job.name)
-            timeout = self._timeout if handler is None else self._timeout_of(handler)
-            assert timeout is not None  # only a handler with a timeout has a deadline
-            error = timeout_error(claim.job.name, timeout, killed=self._pool is not None)
-            decision = decide(
-                claim, claim.claimed_at + (now - rec.mono_claimed), ran=True, error=error
-            )
-            assert decision is not None
-            self._on_timeout(rec, decision, now - rec.timeout_at + timeout)
-
-    def _on_timeout(self, rec: InFlight, decision: Decision, duration: float) -> None:
-        """``rec``'s handler ran past its timeout: fail the attempt, free its slot.
-
-        The handler cannot be stopped at once (a sync one not at all, a cancelled
-        coroutine only at its next ``await``), so it counts as abandoned work until
-        it ends, and a retry is recorded only then: the next attempt never runs
-        beside this one. A last attempt is dead-lettered at once (nothing runs next).
-        """
-        claim = rec.claim
-        hold = decision.outcome == "retried"
-        if not self._committer.finish(
-            rec, decision, duration, handler_slot=True, timed_out=True, hold=hold
-        ):
-            return  # it finished meanwhile
-        table = self._table
-        with table.lock:
-            is_async, cancel = rec.is_async, rec.cancel
-            abandoned, cap = table.abandoned, table.abandoned_cap
-        log.warning(
-            "job %s (%s): attempt %d ran past its timeout; %s",
-            claim.job.id,
-            claim.job.name,
-            claim.attempt,
-            "retried once its handler ends" if hold else "dead-lettered",
-        )
-        if abandoned >= cap:
-            log.error(
-                "%d handler(s) run on past their timeout (max_abandoned=%d): this worker "
-                "claims no more jobs until some end, and reports itself unhealthy",
-                abandoned,
-                cap,
-            )
-        if self._pool is not None:
-            self._pool.kill(rec.key)  # its thread serves again once the child is gone
-        elif is_async:
-            if cancel is not None:
-                cancel()
-        else:
-            self._spawn()  # the stuck thread is left to its handler
-
     def on_lease_lost(self, rec: InFlight) -> None:
         """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set, which
         the handler sees as ``ctx.lease_lost``): an async handler is cancelled, as
@@ -492,154 +364,3 @@ class Runner:
                 rec.claim.job.name,
             )
             cancel()
-
-    # -- the event loop's health ----------------------------------------------------------
-    def _loop_started_locked(self) -> None:
-        """An async handler began on the loop: watch that the loop keeps running."""
-        self._async_live += 1
-        if self._async_live == 1 and self._loop_check_at == math.inf:
-            self._loop_check_at = self._clock.monotonic() + LOOP_BLOCKED
-            if self._loop_check_at < self._watching_until:
-                self._timeouts_changed.notify()
-            self._start_watcher_locked()
-
-    def _check_loop(self, now: float) -> None:
-        """Ping the loop; an unanswered ping after ``LOOP_BLOCKED`` seconds means a
-        handler blocks it (sync I/O or ``time.sleep`` inside ``async def``)."""
-        table = self._table
-        with table.lock:
-            if self._async_live == 0 and table.loop_blocked_since is None:
-                self._loop_check_at = math.inf
-                return
-            self._loop_check_at = now + LOOP_BLOCKED
-            if not self._ping_answered:
-                if table.loop_blocked_since is None:
-                    table.loop_blocked_since = self._ping_sent
-                    table.stats.loop_blocked += 1
-                    blocked = now - self._ping_sent
-                else:
-                    return
-            else:
-                self._ping_answered = False
-                self._ping_sent = now
-                blocked = 0.0
-            loop = self._loop
-        if blocked:
-            log.warning(
-                "the asyncio loop of async handlers has not run for %.1fs: a handler blocks it "
-                "(time.sleep or blocking I/O inside async def); every async handler waits",
-                blocked,
-            )
-            return
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # closed: replaced at the next start
-                loop.loop.call_soon_threadsafe(self._pong)
-
-    def _pong(self) -> None:
-        """On the loop thread: the loop runs callbacks again."""
-        table = self._table
-        with table.lock:
-            self._ping_answered = True
-            since = table.loop_blocked_since
-            table.loop_blocked_since = None
-            now = self._clock.monotonic()
-        if since is not None:
-            log.warning("the asyncio loop runs again after %.1fs blocked", now - since)
-
-    # -- async handlers -------------------------------------------------------------------
-    def _event_loop(self, *, replace: bool = False) -> asyncio.AbstractEventLoop:
-        """The loop for async handlers, started on first use and replaced if it died."""
-        with self._loop_lock:
-            if self._loop is None or replace or not self._loop.alive:
-                if self._loop is not None:
-                    log.warning("delayq worker: the asyncio loop had stopped; starting a new one")
-                self._loop = EventLoopThread(f"{self._name}-asyncio")
-            return self._loop.loop
-
-    def _start_async(
-        self,
-        rec: InFlight,
-        handler: Handler,
-        ctx: JobContext,
-        started: float,
-        *,
-        awaitable: Awaitable[Any] | None = None,
-    ) -> None:
-        """Run an async handler (or await what a sync one returned) on the loop thread.
-
-        The coroutine first checks that its attempt is still undecided (a
-        handler whose attempt ended while it waited for the loop, by a lost
-        lease or a stop, never starts), and its timeout starts then, when it
-        really starts: a loop blocked by another handler does not use up its time.
-
-        Every way the handler can end becomes a recorded result: ``invoke``
-        returns the handler's exception, BaseExceptions such as ``SystemExit``
-        included (inside a task they would otherwise escape the loop and end it);
-        only a cancellation propagates, recorded as :class:`Cancelled` unless
-        the attempt was already decided (a timeout) or abandoned at shutdown.
-        A timed-out coroutine that goes on after its cancel (it swallowed the
-        ``CancelledError``) is abandoned work until it really ends.
-        """
-        clock = self._clock
-        table = self._table
-        payload = rec.claim.job.payload
-        timeout = self._timeout_of(handler)
-
-        async def invoke() -> BaseException | None:
-            with table.lock:
-                if rec.done or rec.abandoned:
-                    if awaitable is not None and inspect.iscoroutine(awaitable):
-                        awaitable.close()
-                    return None  # decided before it could start: never run it
-                self._loop_started_locked()
-                if timeout is not None:
-                    self._watch_locked(rec, clock.monotonic() + timeout)
-            try:
-                result = handler.call(payload, ctx) if awaitable is None else awaitable
-                if inspect.isawaitable(result):
-                    await result
-            except (asyncio.CancelledError, GeneratorExit):
-                raise  # a cancellation, or this coroutine being closed: not swallowed
-            except BaseException as exc:  # SystemExit, KeyboardInterrupt: would end the loop
-                return exc
-            finally:
-                with table.lock:
-                    self._async_live -= 1
-                    alive = rec.body_alive
-                if alive:  # timed out earlier: its held retry is recorded now (not on the loop)
-                    table.add_task(functools.partial(self._committer.body_ended, rec))
-            return None
-
-        coro = invoke()
-        try:
-            try:
-                future = asyncio.run_coroutine_threadsafe(coro, self._event_loop())
-            except RuntimeError:  # the loop closed between the check and the call
-                future = asyncio.run_coroutine_threadsafe(coro, self._event_loop(replace=True))
-        except BaseException as exc:
-            coro.close()
-            if awaitable is not None and inspect.iscoroutine(awaitable):
-                awaitable.close()
-            self._finish(rec, exc, clock.monotonic() - started)
-            return
-        with table.lock:
-            rec.is_async = True
-            rec.cancel = future.cancel
-            decided = rec.done  # decided while it was being started
-        if decided:
-            future.cancel()
-
-        def done(f: concurrent.futures.Future[BaseException | None]) -> None:
-            # Runs on the loop thread: hand the store calls to a handler thread.
-            with table.lock:
-                if rec.done or rec.abandoned:
-                    return  # timed out (already recorded) or cancelled at shutdown
-            exc: BaseException | None
-            if f.cancelled():
-                exc = Cancelled("the async handler was cancelled")
-            else:
-                exc = f.exception() or f.result()
-            duration = clock.monotonic() - started
-            table.add_task(functools.partial(self._finish_task, rec, exc, duration))
-
-        future.add_done_callback(done)
