@@ -344,6 +344,9 @@ def test_stuck_and_retrying_work_and_the_real_exception_are_on_the_overview_and_
     shot(page, tmp_path, "dashboard-dead.png")
     page.goto(f"{site.url}/jobs")
     shot(page, tmp_path, "dashboard-jobs.png")
+    page.goto(f"{site.url}/handlers")
+    assert "1" in page.inner_text("tr[data-name='webhook.send'] td:nth-child(6)")  # dead
+    shot(page, tmp_path, "dashboard-handlers.png")
 
 
 def test_bulk_requeue_counts_and_asks_before_it_acts(
