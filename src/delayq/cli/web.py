@@ -46,7 +46,7 @@ _ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
 @click.option(
     "--root-path",
     default="",
-    help="Serve under this path prefix (e.g. /ops/delayq), as a proxy forwards it.",
+    help="Serve under this path prefix (e.g. /ops/delayq); a proxy may strip it or not.",
 )
 @click.option(
     "--log-format",
@@ -90,6 +90,7 @@ def web(
 
         from delayq.app import DelayQ  # noqa: PLC0415
         from delayq.web import create_app  # noqa: PLC0415
+        from delayq.web.app import UnderRoot  # noqa: PLC0415
     except ImportError as exc:
         raise click.ClickException(
             f"delayq web needs {exc.name or 'its packages'}: pip install 'delayq[web]'"
@@ -119,14 +120,13 @@ def web(
         click.echo(f"delayq dashboard for {app.url}: {base} (log in with ?token=...)", err=True)
     try:
         uvicorn.run(
-            site,
+            UnderRoot(site, root) if root else site,
             host=host,
             port=port,
             log_config=None,  # our handlers (text or json) on the root logger
             access_log=False,
             ws="none",
             lifespan="on",
-            root_path=root,
         )
     finally:
         app.close()

@@ -47,7 +47,7 @@ from delayq.web._cache import MicroCache
 from delayq.web._dashboard import Dashboard, dashboard, root_of
 from delayq.web.security import LOOPBACK_HOSTS, Guard
 
-__all__ = ["create_app"]
+__all__ = ["UnderRoot", "create_app"]
 
 log = logging.getLogger("delayq.web")
 
@@ -123,6 +123,23 @@ def create_app(
     # outermost: the security headers also on a 500 answered by ServerErrorMiddleware
     web.build_middleware_stack = _with_headers(web.build_middleware_stack)  # type: ignore[method-assign]
     return web
+
+
+class UnderRoot:
+    """The dashboard served under the path prefix ``root`` (``delayq web --root-path``),
+    behind a proxy that strips the prefix or one that forwards it as is."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], root: str) -> None:
+        self.app = app
+        self.root = root.rstrip("/")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and self.root:
+            path: str = scope["path"]
+            if path != self.root and not path.startswith(self.root + "/"):
+                path = self.root + path  # the proxy stripped the prefix
+            scope = {**scope, "root_path": self.root, "path": path}
+        await self.app(scope, receive, send)
 
 
 def _with_headers(build: Callable[[], Any]) -> Callable[[], Any]:
