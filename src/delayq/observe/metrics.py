@@ -6,7 +6,7 @@ Three sources feed them:
   :class:`~delayq.worker.JobResult` per finished attempt): counters of started,
   succeeded, failed, retried, dead-lettered and skipped attempts by handler
   name, the **lateness** histogram (claim time minus due time, buckets from
-  1 ms to a day) and the handler-duration histogram;
+  0.1 ms to a day) and the handler-duration histogram;
 * producers, through a :class:`~delayq.app.ProducerHook` (``metrics.instrument(app)``):
   jobs scheduled and cancelled by handler name;
 * the store, read at scrape time (:class:`StoreCollector`): jobs by state, the
