@@ -396,7 +396,8 @@ def test_the_workers_page_lists_live_and_gone_workers(
     from delayq.worker import Worker  # noqa: PLC0415
 
     backend: Any = site.app.backend
-    beat = Heartbeat(Worker(site.app, concurrency=4, name="billing-1"), every=0.2).start()
+    worker = Worker(site.app, concurrency=4, name="billing-1")
+    beat = Heartbeat(site.app, worker, every=0.2).start()
     gone = {"host": "old-host", "pid": 4242, "concurrency": 8, "in_flight": 3, "lease": 0.5}
     backend.beat_worker("old-host:4242:ab", json.dumps({**gone, "started": time.time() - 3600}))
     try:

@@ -34,7 +34,7 @@ def test_a_worker_is_listed_while_it_beats_and_forgotten_when_it_stops(
     with DelayQ(store, clock=clock) as app:
         assert isinstance(app.backend, WorkerRegistry)
         worker = Worker(app, concurrency=3, lease=30, name="billing-1")
-        beat = Heartbeat(worker, every=3600, clock=clock).start()
+        beat = Heartbeat(app, worker, every=3600, clock=clock).start()
         (row,) = worker_rows(app.backend.list_workers(), clock.time())
         assert row["name"] == "billing-1" and row["concurrency"] == 3 and row["in_flight"] == 0
         assert row["gone"] is False and row["id"] == beat.worker_id

@@ -126,7 +126,7 @@ class WorkerOps:
         """Serve ``/metrics``, ``/healthz`` (for ``worker``) and the dashboard if
         ports were given (see the class docstring)."""
         if worker is not None and keeps_workers(self.app):
-            self._heartbeat = Heartbeat(worker).start()
+            self._heartbeat = Heartbeat(self.app, worker).start()
         if self.web_port is not None:
             self._start_web(self.web_port)
         if self.health_port is not None and worker is not None:

@@ -46,15 +46,20 @@ def keeps_workers(app: DelayQ) -> bool:
 
 
 class Heartbeat:
-    """Renews ``worker``'s record in its store from a daemon thread.
+    """Renews ``worker``'s record in ``app``'s store from a daemon thread.
 
     ``_stop`` (an Event) is the only state shared with the thread.
     """
 
     def __init__(
-        self, worker: Worker, *, every: float | None = None, clock: Clock = SYSTEM_CLOCK
+        self,
+        app: DelayQ,
+        worker: Worker,
+        *,
+        every: float | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        backend = worker.app.backend
+        backend = app.backend
         if not isinstance(backend, WorkerRegistry):
             raise TypeError(f"{type(backend).__name__} keeps no worker heartbeats")
         self._backend: WorkerRegistry = backend
