@@ -11,12 +11,17 @@ What is measured (the public calls a dashboard or a worker makes):
   p50 / p99 over repeated reads, at the first page, in the middle and at the
   end of the due order: a keyset cursor walks the index from where the last page
   ended, so depth should not matter; the same with a ``name`` filter matching
-  half of the jobs, and one matching one job in 1,000 (no index on names: the
-  walk reads about 1,000 rows per match);
+  half of the jobs, and one matching one job in 1,000 (an index range on
+  ``(name, state, run_at)``);
 - a ``/metrics`` scrape of the store gauges (``stats()`` and the oldest due job);
 - ``Metrics.on_result`` per finished attempt (counters + two histograms);
 - ``DelayQ.schedule`` on the memory store with and without the metrics producer
-  hook, jobs/s.
+  hook, jobs/s;
+- a worker's lateness while its own dashboard (``--web-port``) is polled: a
+  worker on a SQLite store of ``--polled-jobs`` pending jobs runs a tick job
+  due every 20 ms; first alone, then while 8 clients (another process) each
+  fetch the overview page, ``/api/overview``, ``/api/jobs?limit=100`` and a
+  ``name=`` search every 100 ms. Lateness p50 / p99 / max per phase.
 
 The machine may be shared and loaded: numbers are indicative.
 """
@@ -24,12 +29,16 @@ The machine may be shared and loaded: numbers are indicative.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 
@@ -106,13 +115,133 @@ def hook_cost(calls: int) -> None:
         print(f"schedule on memory://, {label}: {rate:,.0f} jobs/s ({calls:,} calls)")
 
 
+_PATHS = ("/", "/api/overview", "/api/jobs?limit=100", "/api/jobs?name=nope&limit=50")
+
+
+def _client(base: str, stop_at: float, interval: float, counts: Any) -> None:
+    """One polling client: every ``interval`` s the next of :data:`_PATHS`."""
+    i = 0
+    while time.time() < stop_at:
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(base + _PATHS[i % len(_PATHS)], timeout=30) as r:
+                r.read()
+            with counts.get_lock():
+                counts[0] += 1
+                counts[1] += time.perf_counter() - started
+        except OSError:
+            with counts.get_lock():
+                counts[2] += 1
+        i += 1
+        time.sleep(max(0.0, interval - (time.perf_counter() - started)))
+
+
+def _clients(base: str, seconds: float, n: int, interval: float, counts: Any) -> None:
+    stop_at = time.time() + seconds
+    threads = [
+        threading.Thread(target=_client, args=(base, stop_at, interval, counts)) for _ in range(n)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _pcts(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    values = sorted(values)
+    p50 = values[len(values) // 2]
+    p99 = values[max(0, int(len(values) * 0.99) - 1)]
+    top = values[-1]
+    return (
+        f"n={len(values):>4}  p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  "
+        f"max {top * 1e3:7.2f} ms"
+    )
+
+
+def polled_worker(pending: int, seconds: float, clients: int = 8, interval: float = 0.1) -> None:
+    from delayq.cli.worker import WorkerOps  # noqa: PLC0415
+    from delayq.worker import Worker  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'polled.db'}?synchronous=normal"
+        with DelayQ(url) as app:
+            base = time.time() + 86400
+            for start in range(0, pending, 10_000):
+                app.schedule_many(
+                    [
+                        {"name": "mail" if i % 2 else "sms", "at": base + i, "job_id": f"p{i}"}
+                        for i in range(start, min(start + 10_000, pending))
+                    ]
+                )
+            lateness: list[tuple[float, float]] = []
+            app.register("tick", lambda payload: None)
+            ops = WorkerOps(app, web_port=0)
+
+            def on_result(result: JobResult) -> None:
+                ops.on_result(result)
+                if result.name == "tick":
+                    lateness.append((time.time(), result.lateness))
+
+            worker = Worker(app, concurrency=4, on_result=on_result)
+            ops.start(worker)
+            worker.start()
+            assert ops.web_url is not None
+            stop = threading.Event()
+
+            def produce() -> None:
+                while not stop.wait(0.02):
+                    app.schedule("tick", delay=0.05)
+
+            producer = threading.Thread(target=produce)
+            producer.start()
+            try:
+                time.sleep(2)  # warm up
+                alone_from = time.time()
+                time.sleep(seconds)
+                polled_from = time.time()
+                counts = multiprocessing.Array("d", 3)
+                proc = multiprocessing.Process(
+                    target=_clients,
+                    args=(ops.web_url.rstrip("/"), seconds, clients, interval, counts),
+                )
+                proc.start()
+                proc.join()
+                polled_to = time.time()
+            finally:
+                stop.set()
+                producer.join()
+                worker.stop(grace=5)
+                ops.close()
+    alone = [v for t, v in lateness if alone_from <= t < polled_from]
+    polled = [v for t, v in lateness if polled_from <= t < polled_to]
+    ok, total, failed = counts[0], counts[1], counts[2]
+    print(
+        f"\nworker lateness, SQLite with {pending:,} pending jobs, a tick due every 20 ms "
+        f"({seconds:.0f} s per phase)"
+    )
+    print(f"  alone:                       {_pcts(alone)}")
+    print(f"  {clients} clients polling every {interval * 1000:.0f} ms: {_pcts(polled)}")
+    mean = total / ok * 1000 if ok else float("nan")
+    print(f"  requests answered: {ok:.0f} ({ok / seconds:.0f}/s, mean {mean:.1f} ms)", end="")
+    print(f", failed: {failed:.0f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.operate")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--only-polled", action="store_true", help="Only the polled-worker measurement."
+    )
+    parser.add_argument("--polled-jobs", type=int, default=None)
     args = parser.parse_args(argv)
-    pages(100_000 if args.quick else 1_000_000)
-    metrics_cost(100_000 if args.quick else 500_000)
-    hook_cost(20_000 if args.quick else 100_000)
+    if not args.only_polled:
+        pages(100_000 if args.quick else 1_000_000)
+        metrics_cost(100_000 if args.quick else 500_000)
+        hook_cost(20_000 if args.quick else 100_000)
+    pending = args.polled_jobs or (50_000 if args.quick else 200_000)
+    polled_worker(pending, 8.0 if args.quick else 20.0)
     return 0
 
 

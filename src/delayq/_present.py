@@ -5,6 +5,8 @@
 * :func:`relative`: ``in 29m 59s`` / ``1h 5m ago`` / ``250ms ago`` (two units, exact
   to the second, for tables).
 * :func:`job_dict`: a job as JSON data, its times as epoch seconds plus ``run_at_iso``.
+* :func:`error_summary`: why a job failed, in one line: the exception's type and
+  message (a traceback's last line), for lists, dead letters and log lines.
 * :func:`parse_time` / :func:`parse_when`: a time typed by a person. An ISO 8601 time
   **without an offset is read as UTC** (the dashboard shows UTC, and a browser's
   ``datetime-local`` field sends no offset), so the CLI and the dashboard read the
@@ -22,7 +24,42 @@ from delayq.backoff import parse_duration
 from delayq.errors import InvalidInput, InvalidOption
 from delayq.job import Job
 
-__all__ = ["iso", "job_dict", "local", "parse_time", "parse_when", "relative"]
+__all__ = [
+    "ERROR_SUMMARY_CHARS",
+    "error_summary",
+    "iso",
+    "job_dict",
+    "local",
+    "parse_time",
+    "parse_when",
+    "relative",
+]
+
+ERROR_SUMMARY_CHARS = 300
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def error_summary(text: str | None, width: int = ERROR_SUMMARY_CHARS) -> str | None:
+    """The exception of a stored error, in one line of at most ``width`` characters.
+
+    A worker stores the whole traceback (``traceback.format_exception``); its
+    ``Type: message`` comes after the last traceback's frames (indented lines),
+    the message possibly over several lines (joined here). Any other error text
+    (a timeout, an unknown handler) is summarised by its first line.
+    """
+    if text is None:
+        return None
+    lines = text.strip().splitlines()
+    if lines and lines[0].startswith(_TRACEBACK):
+        start = max(i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK))
+        tail = lines[start + 1 :]
+        first = next((i for i, ln in enumerate(tail) if ln and not ln[0].isspace()), None)
+        picked = [] if first is None else [ln.strip() for ln in tail[first:] if ln.strip()]
+        line = " ".join(picked) if picked else lines[-1].strip()
+    else:
+        line = next((ln.strip() for ln in lines if ln.strip()), "")
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def iso(epoch: float | None) -> str | None:
@@ -79,6 +116,7 @@ def job_dict(job: Job) -> dict[str, Any]:
         "updated_at": job.updated_at,
         "lease_until": job.lease_until,
         "last_error": job.last_error,
+        "error_summary": error_summary(job.last_error),
         "outcome": job.outcome,
     }
     if job.key is not None or job.priority or job.group is not None:

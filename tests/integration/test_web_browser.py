@@ -10,6 +10,7 @@ serving a SQLite store in the test's directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -31,7 +32,9 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from delayq.app import DelayQ
 from delayq.observe.metrics import LatenessSeries
-from delayq.web import create_app
+from delayq.web import create_app, pages
+from delayq.worker._decide import format_error
+from tests._util import wait_until
 from tests.conftest import service_missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
@@ -267,3 +270,143 @@ def test_a_script_in_a_payload_or_error_is_shown_as_text_and_never_runs(
     assert attack in page.inner_text("#last-error")
     assert dialogs == []
     shot(page, tmp_path, "dashboard-job.png")
+
+
+# -- live refresh, stuck work, bulk recovery, layouts ---------------------------------
+
+
+def _wait_text(page: Page, selector: str, text: str) -> None:
+    """Wait (up to the page's timeout) until ``selector``'s text is ``text``, no reload."""
+    page.wait_for_function(
+        "([s, t]) => { const e = document.querySelector(s); "
+        "return e && e.innerText.trim() === t; }",
+        arg=[selector, text],
+        timeout=30_000,
+    )
+
+
+def test_the_overview_refreshes_itself_under_the_csp_and_pauses(
+    browser: Browser, site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "REFRESH_SECONDS", 1)
+    errors: list[str] = []
+    page = site.page(browser)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    site.app.schedule("mail", delay=600)
+    page.goto(f"{site.url}/")
+    assert page.inner_text("#count-scheduled") == "1"
+    site.app.schedule("mail", delay=600)
+    _wait_text(page, "#count-scheduled", "2")  # the live script swapped the counts in
+    page.click("#live-toggle")
+    assert page.inner_text("#live-status") == "paused"
+    assert page.inner_text("#live-toggle") == "Resume live refresh"
+    site.app.schedule("mail", delay=600)
+    page.wait_for_timeout(3_000)  # three refresh periods: paused means no fetch
+    assert page.inner_text("#count-scheduled") == "2"
+    page.reload()  # the choice survives a reload
+    assert page.inner_text("#live-status") == "paused"
+    page.click("#live-toggle")
+    site.app.schedule("mail", delay=600)
+    _wait_text(page, "#count-scheduled", "4")
+    assert errors == []  # no CSP violation, no script error
+
+
+def test_stuck_and_retrying_work_and_the_real_exception_are_on_the_overview_and_lists(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    app = site.app
+    now = time.time()
+    for i in range(4):
+        app.schedule("order.cancel", {"order": i, "note": "x" * 400}, delay=1800 + i)
+    try:
+        raise ConnectionError("503 from https://hooks.example.com/0")
+    except ConnectionError as exc:
+        stored = format_error(exc)  # what the worker stores
+    app.schedule("webhook.send", {"url": "https://hooks.example.com/0"}, job_id="hook-dead")
+    bury(app, "hook-dead", stored)
+    app.schedule("report.build", {"month": "2026-11"}, at=now - 120, job_id="report-stuck")
+    (claim,) = app.backend.claim(limit=1, lease=1)  # then its worker dies
+    assert claim.job.id == "report-stuck"
+    assert wait_until(lambda: claim.lease_until < time.time() - 0.5, timeout=30)
+    page = site.page(browser)
+    page.goto(f"{site.url}/")
+    assert page.inner_text("#expired-leases") == "1"
+    assert "report-stuck" in page.inner_text("#stuck") and "lease expired" in page.inner_text(
+        "#stuck"
+    )
+    shot(page, tmp_path, "dashboard-overview.png")
+    page.goto(f"{site.url}/jobs?state=running")
+    assert "lease expired" in page.inner_text("tr[data-id='report-stuck']")
+    page.goto(f"{site.url}/dead")
+    row = page.inner_text("tr[data-id='hook-dead']")
+    assert "ConnectionError: 503 from https://hooks.example.com/0" in row
+    assert "Traceback" not in row
+    shot(page, tmp_path, "dashboard-dead.png")
+    page.goto(f"{site.url}/jobs")
+    shot(page, tmp_path, "dashboard-jobs.png")
+    page.goto(f"{site.url}/handlers")
+    assert "1" in page.inner_text("tr[data-name='webhook.send'] td:nth-child(6)")  # dead
+    shot(page, tmp_path, "dashboard-handlers.png")
+
+
+def test_bulk_requeue_counts_and_asks_before_it_acts(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    app = site.app
+    for i in range(3):
+        app.schedule("webhook.send", {"n": i}, job_id=f"hook-{i}")
+        bury(app, f"hook-{i}", "TimeoutError: gave up")
+    page = site.page(browser)
+    page.goto(f"{site.url}/dead")
+    # purge-all leads to a confirmation page, never one click
+    assert page.get_attribute("#purge-all", "href") == "/bulk?action=purge"
+    page.click("#requeue-all")
+    assert "3 dead job(s) match" in page.inner_text("#matched")
+    assert len(app.dead_letters()) == 3  # counting acts on nothing
+    shot(page, tmp_path, "dashboard-bulk.png")
+    page.click("#confirm")
+    assert page.inner_text("#outcome") == "bulk requeue: 3 requeued"
+    assert app.dead_letters() == []
+    page.goto(f"{site.url}/bulk?action=purge")
+    assert "0 dead job(s) match" in page.inner_text("#matched")
+    assert page.locator("#confirm").count() == 0
+
+
+def test_dark_mode_and_a_narrow_screen(browser: Browser, site: Site, tmp_path: Path) -> None:
+    for i in range(5):
+        site.app.schedule("order.cancel", {"order": i, "blob": "y" * 300}, delay=60 + i)
+    context = browser.new_context(
+        viewport={"width": 390, "height": 844}, color_scheme="dark", device_scale_factor=1
+    )
+    page = context.new_page()
+    page.goto(f"{site.url}/?token={TOKEN}")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(20, 24, 29)"
+    page.goto(f"{site.url}/jobs")
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0  # the table fits or scrolls inside its own box
+    shot(page, tmp_path, "dashboard-dark-narrow.png")
+    context.close()
+
+
+def test_the_workers_page_lists_live_and_gone_workers(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    from delayq.observe.workers import Heartbeat  # noqa: PLC0415
+    from delayq.worker import Worker  # noqa: PLC0415
+
+    backend: Any = site.app.backend
+    worker = Worker(site.app, concurrency=4, name="billing-1")
+    beat = Heartbeat(site.app, worker, every=0.2).start()
+    gone = {"host": "old-host", "pid": 4242, "concurrency": 8, "in_flight": 3, "lease": 0.5}
+    backend.beat_worker("old-host:4242:ab", json.dumps({**gone, "started": time.time() - 3600}))
+    try:
+        assert wait_until(lambda: time.time() - backend.list_workers()[-1].seen > 1, timeout=30)
+        page = site.page(browser)
+        page.goto(f"{site.url}/workers")
+        alive = page.inner_text(f"tr[data-id='{beat.worker_id}']")
+        assert "billing-1" in alive and "alive" in alive and "0 / 4" in alive
+        assert "gone: not seen for" in page.inner_text("tr[data-id='old-host:4242:ab']")
+        shot(page, tmp_path, "dashboard-workers.png")
+    finally:
+        beat.stop()

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq._limits",
             "delayq._loader",
             "delayq._present",
+            "delayq._bulk",
         ),
     ),
     ("recurring", ("delayq.recurring",)),

@@ -70,8 +70,18 @@ def test_a_job_buried_without_running_is_dead_but_not_failed() -> None:
     assert value(m, "delayq_jobs_started_total", name="mail") == 0
 
 
-def test_lateness_buckets_go_from_a_millisecond_to_hours() -> None:
-    assert LATENESS_BUCKETS[0] == 0.001 and LATENESS_BUCKETS[-1] >= 4 * 3600
+def test_an_unknown_handler_handed_back_for_a_retry_is_not_counted_as_started() -> None:
+    m = Metrics()
+    m.on_result(result("retried", name="legacy.unknown", duration=0.0))
+    m.on_result(result("retried", name="mail", duration=0.004))
+    assert value(m, "delayq_jobs_started_total", name="legacy.unknown") == 0
+    assert value(m, "delayq_jobs_retried_total", name="legacy.unknown") == 1
+    assert value(m, "delayq_jobs_started_total", name="mail") == 1
+
+
+def test_lateness_buckets_go_from_a_tenth_of_a_millisecond_to_hours() -> None:
+    # delayq's own p50 is well under a millisecond: sub-ms buckets tell 0.3 ms from 0.9 ms
+    assert LATENESS_BUCKETS[0] == 0.0001 and LATENESS_BUCKETS[-1] >= 4 * 3600
     assert list(LATENESS_BUCKETS) == sorted(LATENESS_BUCKETS)
     m = Metrics()
     for lateness in (0.0004, 0.003, 0.003, 2.0, 5000.0, 10 * 86400.0, -0.5):
@@ -80,7 +90,9 @@ def test_lateness_buckets_go_from_a_millisecond_to_hours() -> None:
     def le(bound: str) -> float:
         return value(m, "delayq_job_lateness_seconds_bucket", name="mail", le=bound)
 
-    assert le("0.001") == 2  # 0.4 ms and the (clock-skew) negative one, counted as 0
+    assert le("0.0001") == 1  # the (clock-skew) negative one, counted as 0
+    assert le("0.0005") == 2  # and 0.4 ms
+    assert le("0.001") == 2
     assert le("0.005") == 4
     assert le("2.5") == 5
     assert le("3600.0") == 5

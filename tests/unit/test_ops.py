@@ -185,7 +185,10 @@ def test_in_multiprocess_mode_a_taken_port_means_a_sibling_serves_the_sum(
 
 
 def test_worker_ops_serve_the_dashboard_charting_this_workers_lateness(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     pytest.importorskip("uvicorn")
     monkeypatch.delenv("DELAYQ_WEB_TOKEN", raising=False)
@@ -195,7 +198,9 @@ def test_worker_ops_serve_the_dashboard_charting_this_workers_lateness(
             ops.start()
         try:
             assert ops.web_url is not None
-            assert f"dashboard on {ops.web_url}?token=" in caplog.text
+            assert f"dashboard on {ops.web_url}" in caplog.text
+            assert "token=" not in caplog.text  # the login link never reaches the log
+            assert f"{ops.web_url}?token=" in capsys.readouterr().err
             for lateness in (0.004, 0.02, 0.3):
                 ops.on_result(JobResult("j", "mail", 1, "succeeded", lateness, 0.1))
             with urllib.request.urlopen(ops.web_url + "api/overview", timeout=10) as response:

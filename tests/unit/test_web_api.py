@@ -24,6 +24,7 @@ from delayq.web.security import Guard, is_loopback
 from delayq.worker import JobResult
 
 TOKEN = "s3cret-token"
+BASE = "http://127.0.0.1"  # a Host the dashboard answers to
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -35,7 +36,9 @@ def app(tmp_path: Path) -> Iterator[DelayQ]:
 
 @pytest.fixture
 def client(app: DelayQ) -> Iterator[TestClient]:
-    with TestClient(create_app(app, token=TOKEN), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(app, token=TOKEN), base_url=BASE, raise_server_exceptions=False
+    ) as client:
         yield client
 
 
@@ -167,7 +170,7 @@ def test_a_wrong_login_token_is_refused(client: TestClient) -> None:
 
 def test_reads_need_the_token_when_required(app: DelayQ) -> None:
     web = create_app(app, token=TOKEN, require_token_for_reads=True)
-    with TestClient(web) as client:
+    with TestClient(web, base_url=BASE) as client:
         assert client.get("/").status_code == 401
         assert client.get("/api/jobs").status_code == 401
         assert client.get("/api/jobs", headers=AUTH).status_code == 200
@@ -183,8 +186,9 @@ def test_payloads_and_errors_are_escaped_in_pages(app: DelayQ, client: TestClien
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=alert(2)&gt;" in page
     assert "<b>" not in page
-    assert "script-src" not in client.get("/").headers["content-security-policy"]  # none at all
-    assert "default-src 'none'" in client.get("/").headers["content-security-policy"]
+    csp = client.get("/").headers["content-security-policy"]
+    assert "script-src 'self';" in csp and "unsafe-inline" not in csp.split("style-src")[0]
+    assert "default-src 'none'" in csp
 
 
 def test_an_internal_error_shows_no_traceback(
@@ -211,7 +215,7 @@ def test_metrics_serves_store_gauges_and_this_processs_counters(app: DelayQ) -> 
     metrics = Metrics()
     metrics.on_result(JobResult("a", "mail", 1, "succeeded", 0.004, 0.1))
     app.schedule("mail")
-    with TestClient(create_app(app, token=TOKEN, metrics=metrics)) as client:
+    with TestClient(create_app(app, token=TOKEN, metrics=metrics), base_url=BASE) as client:
         text = client.get("/metrics").text
     assert "delayq_store_up 1.0" in text
     assert 'delayq_jobs{state="scheduled"} 1.0' in text
@@ -222,7 +226,7 @@ def test_a_series_from_the_workers_process_draws_the_chart(app: DelayQ) -> None:
     series = LatenessSeries()
     for lateness in (0.002, 0.004, 1.5):
         series.add(lateness)
-    with TestClient(create_app(app, token=TOKEN, series=series)) as client:
+    with TestClient(create_app(app, token=TOKEN, series=series), base_url=BASE) as client:
         page = client.get("/").text
         data = client.get("/api/overview").json()
     assert "<svg" in page and "this process&#39;s worker" in page
@@ -264,7 +268,7 @@ def test_a_store_without_cursor_support_is_paged_by_bounded_reads(
                 for i in range(20)
             ]
         )
-        with TestClient(create_app(app, token=TOKEN)) as client:
+        with TestClient(create_app(app, token=TOKEN), base_url=BASE) as client:
             seen: list[str] = []
             query: dict[str, object] = {"name": "mail", "limit": 2}
             for _ in range(50):
@@ -310,7 +314,7 @@ def test_a_separate_dashboard_charts_what_the_hosts_workers_wrote_since_it_start
     dash.sample()
     (point,) = dash.series.points()
     assert point.count == 2 and point.p50 == 60.0
-    with TestClient(web) as client:
+    with TestClient(web, base_url=BASE) as client:
         data = client.get("/api/overview").json()
     assert str(directory) in data["lateness_source"]
     assert data["lateness"][0]["count"] >= 2
@@ -349,7 +353,7 @@ def test_a_store_that_cannot_list_says_so_with_501(monkeypatch: pytest.MonkeyPat
             raise Unsupported("this store keeps no record of a job outside its message")
 
         monkeypatch.setattr(app, "stats", cannot)
-        with TestClient(create_app(app, token=TOKEN)) as client:
+        with TestClient(create_app(app, token=TOKEN), base_url=BASE) as client:
             page = client.get("/")
             api = client.get("/api/overview")
     assert page.status_code == 501 and "keeps no record" in page.text

@@ -26,6 +26,7 @@ from delayq.web.security import Guard
 from tests.recurring_support import LEASE, context, drive
 
 TOKEN = "s3cret-token"
+BASE = "http://127.0.0.1"  # a Host the dashboard answers to
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 
@@ -43,7 +44,9 @@ def app(clock: FakeClock) -> Iterator[DelayQ]:
 
 @pytest.fixture
 def client(app: DelayQ) -> Iterator[TestClient]:
-    with TestClient(create_app(app, token=TOKEN), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(app, token=TOKEN), base_url=BASE, raise_server_exceptions=False
+    ) as client:
         yield client
 
 
@@ -217,7 +220,9 @@ class _NoSchedules(MemoryBackend):
 def test_a_store_without_schedules_says_so(clock: FakeClock) -> None:
     with (
         DelayQ(backend=_NoSchedules(clock=clock), clock=clock) as app,
-        TestClient(create_app(app, token=TOKEN), raise_server_exceptions=False) as client,
+        TestClient(
+            create_app(app, token=TOKEN), base_url=BASE, raise_server_exceptions=False
+        ) as client,
     ):
         page = client.get("/recurring")
         assert page.status_code == 501 and "recurring" in page.text

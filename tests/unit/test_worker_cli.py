@@ -6,6 +6,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -39,6 +40,10 @@ class _Recorded:
         _Recorded.options = options
         self.concurrency = options["concurrency"]
         self.lease = options["lease"]
+        self.name = options.get("name")
+
+    def health_snapshot(self) -> Any:
+        return SimpleNamespace(in_flight=0)
 
     def run(self) -> None:
         return None

@@ -102,12 +102,15 @@ from delayq.job import (
 
 __all__ = [
     "FEATURES",
+    "WORKER_FORGET_AFTER",
     "Backend",
     "Completion",
     "LimitStore",
     "ReportsHealth",
     "ScheduleRecord",
     "ScheduleStore",
+    "WorkerBeat",
+    "WorkerRegistry",
 ]
 
 FEATURES: dict[str, str] = {
@@ -474,6 +477,44 @@ class ReportsHealth(Protocol):
     def health(self) -> dict[str, object]:
         """A small mapping of facts, ``alive`` (bool) among them; cheap to call."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """A worker's last heartbeat: its id, what it said about itself (JSON text,
+    read by :mod:`delayq.observe.workers`; the store never looks inside) and when
+    the store received it (the store's clock, epoch seconds)."""
+
+    worker_id: str
+    data: str
+    seen: float
+
+
+@runtime_checkable
+class WorkerRegistry(Protocol):
+    """The optional store capability of keeping workers' heartbeats.
+
+    Each worker writes one small record every few seconds (a write as cheap as
+    an ack); the dashboard and ``delayq workers`` list them, so "which workers
+    are alive, and what do they hold" is answered from the store every process
+    shares. Records not renewed for :data:`WORKER_FORGET_AFTER` are dropped.
+    """
+
+    def beat_worker(self, worker_id: str, data: str) -> None:
+        """Store (or replace) ``worker_id``'s record, stamped with the store's now."""
+        ...
+
+    def list_workers(self) -> list[WorkerBeat]:
+        """Every worker record, most recently seen first."""
+        ...
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Delete ``worker_id``'s record (a worker that stops cleanly)."""
+        ...
+
+
+WORKER_FORGET_AFTER = 86400.0
+"""Seconds after which a worker's record that was not renewed is dropped."""
 
 
 @runtime_checkable

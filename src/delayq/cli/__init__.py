@@ -19,7 +19,9 @@ from delayq.app import URL_ENV
 from delayq.cli import dead, demo, jobs, limits, rabbitmq, recurring, worker
 from delayq.cli._common import _Settings
 from delayq.cli.bulk import schedule_many_command
+from delayq.cli.bulk_actions import bulk_command
 from delayq.cli.web import web
+from delayq.cli.workers import workers_command
 
 __all__ = ["cli", "main"]
 
@@ -59,6 +61,8 @@ for _command in (
     demo.experiment,
     web,
     schedule_many_command,
+    bulk_command,
+    workers_command,
     recurring.recurring,
     limits.limits,
     rabbitmq.rabbitmq,

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from rich.table import Table
 
-from delayq._present import relative
+from delayq._present import error_summary, relative
 from delayq.job import Job
 
 
@@ -18,11 +18,8 @@ def when(epoch: float | None, now: float) -> str:
 
 
 def first_line(text: str | None, width: int = 60) -> str:
-    if not text:
-        return ""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines and lines[0].startswith("Traceback") else (lines or [""])[0]
-    return line if len(line) <= width else line[: width - 1] + "…"
+    """The error summary (:func:`~delayq._present.error_summary`) cut to ``width``."""
+    return error_summary(text, width) or ""
 
 
 def jobs_table(jobs: list[Job], now: float, title: str) -> Table:

@@ -19,6 +19,8 @@ __all__ = ["TOKEN_ENV", "web"]
 
 TOKEN_ENV = "DELAYQ_WEB_TOKEN"
 
+_ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
+
 
 @click.command()
 @click.option(
@@ -32,6 +34,19 @@ TOKEN_ENV = "DELAYQ_WEB_TOKEN"
     default=None,
     help=f"Token for actions (and for reads beyond loopback). Also ${TOKEN_ENV}. "
     "Default on loopback: a random one, printed in a login link.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A host name this server answers to besides the loopback names and --host "
+    "(the public name behind a proxy; repeatable; '*' for any). Requests naming "
+    "another Host are refused (DNS rebinding). Default for --host 0.0.0.0: any.",
+)
+@click.option(
+    "--root-path",
+    default="",
+    help="Serve under this path prefix (e.g. /ops/delayq); a proxy may strip it or not.",
 )
 @click.option(
     "--log-format",
@@ -54,6 +69,8 @@ def web(
     host: str,
     port: int,
     token: str | None,
+    allowed_hosts: tuple[str, ...],
+    root_path: str,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -73,6 +90,7 @@ def web(
 
         from delayq.app import DelayQ  # noqa: PLC0415
         from delayq.web import create_app  # noqa: PLC0415
+        from delayq.web.app import UnderRoot  # noqa: PLC0415
     except ImportError as exc:
         raise click.ClickException(
             f"delayq web needs {exc.name or 'its packages'}: pip install 'delayq[web]'"
@@ -81,18 +99,28 @@ def web(
     chosen = token or secrets.token_urlsafe(24)
     try:
         app = DelayQ(url)
-        site = create_app(app, token=chosen, require_token_for_reads=not loopback)
+        hosts = [h for h in (host, *allowed_hosts) if h not in _ANY_ADDRESS]
+        if host in _ANY_ADDRESS and not allowed_hosts:
+            hosts = ["*"]  # any name reaches it; every read needs the token there anyway
+        site = create_app(
+            app,
+            token=chosen,
+            require_token_for_reads=not loopback,
+            allowed_hosts=hosts,
+            cache_seconds=1.0,  # pollers share answers (delayq.web._cache)
+        )
     except (DelayqError, MissingDependency) as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
     shown_host = f"[{host}]" if ":" in host else host
-    base = f"http://{shown_host}:{port}/"
+    root = "/" + root_path.strip("/") if root_path.strip("/") else ""
+    base = f"http://{shown_host}:{port}{root}/"
     if token is None:
         click.echo(f"delayq dashboard for {app.url}: {base}?token={chosen}", err=True)
     else:
         click.echo(f"delayq dashboard for {app.url}: {base} (log in with ?token=...)", err=True)
     try:
         uvicorn.run(
-            site,
+            UnderRoot(site, root) if root else site,
             host=host,
             port=port,
             log_config=None,  # our handlers (text or json) on the root logger

@@ -9,6 +9,7 @@ with the worker. It is tested without a CLI runner.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -29,12 +30,20 @@ from delayq.errors import ConfigurationError
 from delayq.observe.health import OpsServer, WorkerCollector
 from delayq.observe.logs import JsonFormatter, result_logger
 from delayq.observe.metrics import LatenessSeries, Metrics, exposition_registry, multiprocess_dir
+from delayq.observe.workers import Heartbeat, keeps_workers
 from delayq.worker import Worker
 
 if TYPE_CHECKING:
     from delayq.worker import JobResult
 
-__all__ = ["LogFormat", "WorkerOps", "worker"]
+__all__ = ["METRICS_RETRY", "WEB_CACHE_SECONDS", "LogFormat", "WorkerOps", "worker"]
+
+WEB_CACHE_SECONDS = 1.0
+"""How long the embedded dashboard answers a repeated GET from its last answer:
+many pollers then cost the worker about one (``delayq.web._cache``)."""
+
+METRICS_RETRY = 5.0
+"""Seconds between this worker's tries to take over a metrics port a sibling holds."""
 
 LogFormat = Literal["text", "json"]
 
@@ -54,9 +63,19 @@ class WorkerOps:
     process only writes its samples and says so (its ``/healthz`` then needs a
     ``health_port`` of its own).
 
+    While a sibling holds the metrics port, this process retries the bind every
+    :data:`METRICS_RETRY` seconds, so the port is served again soon after the
+    sibling stops.
+
+    With a worker and a store that keeps heartbeats, it records the worker there
+    (:mod:`delayq.observe.workers`: the dashboard's workers page and ``delayq
+    workers``) until closed.
+
     ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
     a thread), its lateness chart fed by this worker's ``on_result``; the token
-    comes from ``$DELAYQ_WEB_TOKEN`` or is made up and logged in a login link.
+    comes from ``$DELAYQ_WEB_TOKEN`` or is made up, and the login link carrying
+    it is printed to this process's terminal (stderr), never into the log. A
+    taken web port is logged and the worker runs on without the dashboard.
     """
 
     def __init__(
@@ -91,6 +110,9 @@ class WorkerOps:
         self._log_result = result_logger(logging.getLogger("delayq.jobs"), level)
         self._server: OpsServer | None = None
         self._health: OpsServer | None = None
+        self._closing = threading.Event()
+        self._takeover: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
         self.port: int | None = None  # the metrics port actually served (0 picks a free one)
         self.health_port_served: int | None = None
 
@@ -103,6 +125,8 @@ class WorkerOps:
     def start(self, worker: Worker | None = None) -> None:
         """Serve ``/metrics``, ``/healthz`` (for ``worker``) and the dashboard if
         ports were given (see the class docstring)."""
+        if worker is not None and keeps_workers(self.app):
+            self._heartbeat = Heartbeat(self.app, worker).start()
         if self.web_port is not None:
             self._start_web(self.web_port)
         if self.health_port is not None and worker is not None:
@@ -120,9 +144,7 @@ class WorkerOps:
         if worker is not None:
             registry.register(WorkerCollector(worker))
         try:
-            self._server = OpsServer(
-                self.metrics_host, self.metrics_port, worker=worker, registry=registry
-            )
+            self._serve_metrics(worker, registry)
         except OSError as exc:
             if multiprocess_dir() is None:
                 raise ConfigurationError(
@@ -130,13 +152,38 @@ class WorkerOps:
                 ) from exc
             log.info(
                 "metrics port %d is taken (another worker of this host serves the sum over "
-                "%s); this worker writes its samples there",
+                "%s); this worker writes its samples there and takes the port over when it "
+                "frees",
                 self.metrics_port,
                 multiprocess_dir(),
             )
-            return
+            self._takeover = threading.Thread(
+                target=self._take_over_metrics,
+                args=(worker, registry),
+                name="delayq-metrics-takeover",
+                daemon=True,
+            )
+            self._takeover.start()
+
+    def _serve_metrics(self, worker: Worker | None, registry: Any) -> None:
+        assert self.metrics_port is not None
+        self._server = OpsServer(
+            self.metrics_host, self.metrics_port, worker=worker, registry=registry
+        )
         self.port = self._server.port
         log.info("metrics on http://%s:%d/metrics", self.metrics_host, self.port)
+
+    def _take_over_metrics(self, worker: Worker | None, registry: Any) -> None:
+        while not self._closing.wait(METRICS_RETRY):
+            try:
+                self._serve_metrics(worker, registry)
+            except OSError:
+                continue
+            if self._closing.is_set():  # closed while binding: close() may have missed it
+                server, self._server = self._server, None
+                if server is not None:
+                    server.close()
+            return
 
     def _start_web(self, port: int) -> None:
         try:
@@ -149,25 +196,49 @@ class WorkerOps:
             ) from exc
         given = os.environ.get(TOKEN_ENV) or None
         token = given or secrets.token_urlsafe(24)
-        site = create_app(self.app, token=token, metrics=self.metrics, series=self.series)
+        site = create_app(
+            self.app,
+            token=token,
+            metrics=self.metrics,
+            series=self.series,
+            cache_seconds=WEB_CACHE_SECONDS,
+        )
         config = uvicorn.Config(
             site, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="none"
         )
         self._web = uvicorn.Server(config)
-        self._web_thread = threading.Thread(target=self._web.run, name="delayq-web", daemon=True)
+        self._web_thread = threading.Thread(
+            target=_run_web, args=(self._web,), name="delayq-web", daemon=True
+        )
         self._web_thread.start()
         deadline = SYSTEM_CLOCK.monotonic() + 30
         while not self._web.started:
             if not self._web_thread.is_alive() or SYSTEM_CLOCK.monotonic() > deadline:
-                raise ConfigurationError(f"cannot serve the dashboard on 127.0.0.1:{port}")
+                # the jobs matter more than the dashboard: run them without it
+                log.warning(
+                    "cannot serve the dashboard on 127.0.0.1:%d (port taken?); "
+                    "this worker runs without it",
+                    port,
+                )
+                self._web.should_exit = True
+                self._web = None
+                return
             SYSTEM_CLOCK.sleep(0.01)
         bound = self._web.servers[0].sockets[0].getsockname()[1]
         self.web_url = f"http://127.0.0.1:{bound}/"
-        login = self.web_url if given else f"{self.web_url}?token={token}"
-        log.info("dashboard on %s", login)
+        log.info("dashboard on %s", self.web_url)
+        if not given:  # the token goes to the terminal only, never into a log pipeline
+            click.echo(f"dashboard login link: {self.web_url}?token={token}", err=True)
 
     def close(self) -> None:
         """Stop serving; in multiprocess mode mark this process's live gauges dead."""
+        self._closing.set()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        if self._takeover is not None:
+            self._takeover.join(10)
+            self._takeover = None
         if self._web is not None:
             self._web.should_exit = True
             if self._web_thread is not None:
@@ -181,6 +252,13 @@ class WorkerOps:
             from prometheus_client import multiprocess  # noqa: PLC0415
 
             multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+
+
+def _run_web(server: Any) -> None:
+    """uvicorn's ``run``, in a thread: a port it cannot bind ends it with
+    SystemExit (after logging why), which must end only this thread."""
+    with contextlib.suppress(SystemExit):
+        server.run()
 
 
 # -- the command ----------------------------------------------------------------------

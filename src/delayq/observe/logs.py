@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from delayq._present import iso
+from delayq._present import error_summary, iso
 
 if TYPE_CHECKING:
     from delayq.worker import JobResult
@@ -67,7 +67,7 @@ def result_logger(logger: logging.Logger, level: int = logging.INFO) -> Callable
         if result.retry_at is not None:
             fields["retry_at"] = result.retry_at
         if result.error is not None:
-            fields["error"] = result.error.splitlines()[0][:500] if result.error else ""
+            fields["error"] = error_summary(result.error, 500) or ""
         logger.log(
             level,
             "job %s (%s) attempt %d %s, %.3fs late",

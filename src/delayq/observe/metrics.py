@@ -6,7 +6,7 @@ Three sources feed them:
   :class:`~delayq.worker.JobResult` per finished attempt): counters of started,
   succeeded, failed, retried, dead-lettered and skipped attempts by handler
   name, the **lateness** histogram (claim time minus due time, buckets from
-  1 ms to a day) and the handler-duration histogram;
+  0.1 ms to a day) and the handler-duration histogram;
 * producers, through a :class:`~delayq.app.ProducerHook` (``metrics.instrument(app)``):
   jobs scheduled and cancelled by handler name;
 * the store, read at scrape time (:class:`StoreCollector`): jobs by state, the
@@ -62,11 +62,12 @@ __all__ = [
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENESS_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
 )  # fmt: skip
-"""Upper bounds (seconds) of the lateness histogram: 1 ms (a timer's jitter) to a
+"""Upper bounds (seconds) of the lateness histogram: 0.1 ms (a claim on a warm
+store) and 1 ms (a timer's jitter) to a
 day (a backlog after downtime); a last ``+Inf`` bucket catches the rest."""
 
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -74,7 +75,8 @@ DURATION_BUCKETS: tuple[float, ...] = (
     2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 )  # fmt: skip
 
-_STARTED = frozenset({"succeeded", "retried", "stale", "error"})
+_STARTED = frozenset({"succeeded", "stale", "error"})
+_MAYBE_STARTED = frozenset({"retried", "dead"})
 
 
 def _prometheus() -> Any:
@@ -159,7 +161,9 @@ class Metrics:
             self.start_lateness.labels(name).observe(max(0.0, result.start_lateness))
         if self.series is not None:
             self.series.add(result.lateness)
-        ran = outcome in _STARTED or (outcome == "dead" and result.duration > 0)
+        # a retry or burial with no run time is a hand-back: an unknown handler
+        # name, a misfire or backoff the worker could not read
+        ran = outcome in _STARTED or (outcome in _MAYBE_STARTED and result.duration > 0)
         if ran:
             self.started.labels(name).inc()
             self.duration.labels(name).observe(result.duration)

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from delayq._present import iso
@@ -183,7 +183,7 @@ async def action(request: Request) -> Response:
     except ConfigurationError as exc:
         return _unsupported(request, exc)
     query = {"done": outcome} if job_id is None else {"done": outcome, "job": job_id}
-    return RedirectResponse(schedule_url(name, **query), status_code=303)
+    return dash.redirect(request, schedule_url(name, **query))
 
 
 # -- the API -------------------------------------------------------------------------

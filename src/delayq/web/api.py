@@ -22,8 +22,12 @@ from delayq._present import job_dict
 from delayq.errors import InvalidOption
 from delayq.job import JobState
 from delayq.web import views
-from delayq.web._dashboard import dashboard
+from delayq.web._dashboard import dashboard, json_body
 from delayq.web._recurring import API_PATHS as _RECURRING_PATHS
+from delayq.web._rows import PREVIEW_CHARS, job_row
+from delayq.web._workers import API_PATHS as _WORKER_PATHS
+from delayq.web.bulk import API_PATHS as _BULK_PATHS
+from delayq.web.handlers import API_PATHS as _HANDLER_PATHS
 
 __all__ = ["OPENAPI", "ROUTES"]
 
@@ -47,19 +51,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidOption(f"the request body must be JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidOption("the request body must be a JSON object")
-    return data
-
-
 async def overview(request: Request) -> _JSON:
     dash = dashboard(request)
     now = dash.app.clock.time()
@@ -75,7 +66,8 @@ async def jobs(request: Request) -> _JSON:
     filters = views.JobFilters.parse(request.query_params)
     page, cursor = await dash.call(views.list_page, dash.app, filters)
     nxt = None if cursor is None else {"after_run_at": cursor[0], "after_id": cursor[1]}
-    return _JSON({"jobs": [job_dict(j) for j in page], "next": nxt})
+    now = dash.app.clock.time()
+    return _JSON({"jobs": [job_row(j, now) for j in page], "next": nxt})
 
 
 async def job(request: Request) -> _JSON:
@@ -90,7 +82,8 @@ async def dead(request: Request) -> _JSON:
     dash = dashboard(request)
     limit = views.JobFilters.parse(request.query_params).limit
     jobs = await dash.call(dash.app.dead_letters, limit=limit)
-    return _JSON({"jobs": [job_dict(j) for j in jobs]})
+    now = dash.app.clock.time()
+    return _JSON({"jobs": [job_row(j, now) for j in jobs]})
 
 
 async def _act(request: Request, fn: Any, accepted: frozenset[str] = frozenset()) -> _JSON:
@@ -99,7 +92,7 @@ async def _act(request: Request, fn: Any, accepted: frozenset[str] = frozenset()
     dash = dashboard(request)
     dash.check_action(request, None)
     job_id = request.path_params["job_id"]
-    body = await _body(request)
+    body = await json_body(request)
     if not accepted.issuperset(body):
         unknown = sorted(set(body) - accepted)
         raise InvalidOption(f"unknown field(s) {unknown}; accepted: {sorted(accepted)}")
@@ -123,7 +116,7 @@ async def requeue(request: Request) -> _JSON:
 async def purge(request: Request) -> _JSON:
     dash = dashboard(request)
     dash.check_action(request, None)
-    body = await _body(request)
+    body = await json_body(request)
     ids = body.get("ids")
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
         raise InvalidOption("ids must be a list of job ids")
@@ -150,7 +143,7 @@ def _outcome(words: list[str]) -> dict[str, Any]:
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}}
-_JOB = {
+_JOB: dict[str, Any] = {
     "type": "object",
     "properties": {
         "id": {"type": "string"},
@@ -166,8 +159,31 @@ _JOB = {
         "created_at": {"type": "number"},
         "updated_at": {"type": "number"},
         "lease_until": {"type": ["number", "null"]},
-        "last_error": {"type": ["string", "null"]},
+        "last_error": {"type": ["string", "null"], "description": "the whole traceback"},
+        "error_summary": {"type": ["string", "null"], "description": "Type: message"},
         "outcome": {"type": ["string", "null"]},
+    },
+}
+_ROW = {
+    "type": "object",
+    "description": "a job as lists show it: no payload, no traceback (GET /api/jobs/{id} has both)",
+    "properties": {
+        **{
+            k: v
+            for k, v in _JOB["properties"].items()
+            if k in ("id", "name", "state", "run_at", "run_at_iso", "attempts", "max_attempts")
+            or k in ("updated_at", "lease_until", "error_summary", "outcome")
+        },
+        "lease_expired_for": {
+            "type": ["number", "null"],
+            "description": "running, lease ran out this many seconds ago (its worker is gone)",
+        },
+        "retrying": {"type": "boolean", "description": "scheduled after a failed attempt"},
+        "payload_preview": {
+            "type": "string",
+            "description": f"compact JSON, at most {PREVIEW_CHARS} characters",
+        },
+        "payload_chars": {"type": "integer", "description": "length of the whole payload JSON"},
     },
 }
 
@@ -224,7 +240,7 @@ OPENAPI: dict[str, Any] = {
                         {
                             "type": "object",
                             "properties": {
-                                "jobs": {"type": "array", "items": _JOB},
+                                "jobs": {"type": "array", "items": _ROW},
                                 "next": {"type": ["object", "null"]},
                             },
                         }
@@ -287,6 +303,9 @@ OPENAPI: dict[str, Any] = {
             }
         },
         **_RECURRING_PATHS,
+        **_BULK_PATHS,
+        **_WORKER_PATHS,
+        **_HANDLER_PATHS,
         "/metrics": {
             "get": {
                 "summary": "Prometheus text: worker counters, lateness histogram, store gauges",

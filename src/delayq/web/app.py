@@ -2,8 +2,9 @@
 
 :func:`create_app` builds it around an open :class:`~delayq.app.DelayQ`. The
 pages are server-rendered (Jinja2, autoescaped: a payload or error holding
-``<script>`` is shown as text) with no JavaScript at all; the lateness chart is
-SVG drawn on the server. A Content-Security-Policy forbids scripts anyway.
+``<script>`` is shown as text); the charts are SVG drawn on the server. The
+one script is ``static/live.js`` (live refresh, pausable): the
+Content-Security-Policy allows scripts from this server only, never inline.
 
 Lateness over time comes from the most direct source available, and the
 overview says which:
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 from urllib.parse import urlencode
 
@@ -41,18 +42,20 @@ from delayq.observe.metrics import (
     exposition_registry,
     multiprocess_dir,
 )
-from delayq.web import _recurring, api, pages
-from delayq.web._dashboard import Dashboard, dashboard
-from delayq.web.security import COOKIE, Guard
+from delayq.web import _recurring, _workers, api, bulk, handlers, pages
+from delayq.web._cache import MicroCache
+from delayq.web._dashboard import Dashboard, dashboard, root_of
+from delayq.web.security import LOOPBACK_HOSTS, Guard
 
-__all__ = ["create_app"]
+__all__ = ["UnderRoot", "create_app"]
 
 log = logging.getLogger("delayq.web")
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+        "default-src 'none'; script-src 'self'; connect-src 'self'; "
+        "style-src 'unsafe-inline'; img-src 'self' data:; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
@@ -71,6 +74,8 @@ def create_app(
     require_token_for_reads: bool = False,
     metrics: Metrics | None = None,
     series: LatenessSeries | None = None,
+    allowed_hosts: Collection[str] = (),
+    cache_seconds: float = 0.0,
 ) -> Starlette:
     """The dashboard for ``app``'s store, as an ASGI application.
 
@@ -80,12 +85,30 @@ def create_app(
     server reachable beyond this machine). ``metrics`` adds this process's
     counters to ``/metrics``; ``series`` is a lateness series fed by a worker
     of this process. The caller keeps ``app`` open and closes it.
+
+    Requests must name the server in ``Host``: the loopback names always, plus
+    ``allowed_hosts`` (the bound address, a public name behind a proxy; ``"*"``
+    allows any, for a server that checks Host itself). Mounted under a prefix
+    (a Starlette ``Mount``, or a server's ``root_path``), every link, form,
+    redirect and the cookie's path follow it.
+
+    ``cache_seconds`` (e.g. 1) answers a repeated GET from the last answer for
+    that long (:mod:`._cache`), so many pollers cost about one.
     """
     guard = Guard(token or secrets.token_urlsafe(24), require_for_reads=require_token_for_reads)
-    dash = Dashboard(app, guard, metrics=metrics, series=series)
+    hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
+    dash = Dashboard(app, guard, metrics=metrics, series=series, allowed_hosts=hosts)
 
     web = Starlette(
-        routes=[*pages.ROUTES, *_recurring.ROUTES, *api.ROUTES, Route("/metrics", _metrics)],
+        routes=[
+            *pages.ROUTES,
+            *_recurring.ROUTES,
+            *bulk.ROUTES,
+            *_workers.ROUTES,
+            *handlers.ROUTES,
+            *api.ROUTES,
+            Route("/metrics", _metrics),
+        ],
         lifespan=_lifespan,
         exception_handlers={
             HTTPException: _http_error,
@@ -94,9 +117,60 @@ def create_app(
             Exception: _internal_error,
         },
     )
+    web.add_middleware(MicroCache, seconds=cache_seconds)  # inside the guard: after its checks
     web.add_middleware(_GuardMiddleware, dash=dash)
     web.state.dashboard = dash
+    # outermost: the security headers also on a 500 answered by ServerErrorMiddleware
+    web.build_middleware_stack = _with_headers(web.build_middleware_stack)  # type: ignore[method-assign]
     return web
+
+
+class UnderRoot:
+    """The dashboard served under the path prefix ``root`` (``delayq web --root-path``),
+    behind a proxy that strips the prefix or one that forwards it as is."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], root: str) -> None:
+        self.app = app
+        self.root = root.rstrip("/")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and self.root:
+            path: str = scope["path"]
+            if path != self.root and not path.startswith(self.root + "/"):
+                path = self.root + path  # the proxy stripped the prefix
+            scope = {**scope, "root_path": self.root, "path": path}
+        await self.app(scope, receive, send)
+
+
+def _with_headers(build: Callable[[], Any]) -> Callable[[], Any]:
+    def built() -> Any:
+        return _HeadersMiddleware(build())
+
+    return built
+
+
+class _HeadersMiddleware:
+    """The security headers on every HTTP answer, errors included."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                for name, value in _HEADERS.items():
+                    if name.lower().encode() not in present:
+                        headers.append((name.lower().encode(), value.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 @contextlib.asynccontextmanager
@@ -131,8 +205,8 @@ async def _sampler(dash: Dashboard) -> None:
 
 
 class _GuardMiddleware:
-    """Security headers on every answer; the token on reads when required; the
-    ``?token=`` login that turns into a session cookie."""
+    """The Host check; the token on reads when required; the ``?token=`` login
+    that turns into a session cookie."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], dash: Dashboard) -> None:
         self.app = app
@@ -146,14 +220,20 @@ class _GuardMiddleware:
         guard = self.dash.guard
         given = request.query_params.get("token")
         response: Response | None = None
-        if given is not None:
+        if not self.dash.host_allowed(request):
+            log.warning("refused Host %r (not an allowed host)", request.headers.get("host"))
+            response = _error_response(request, 421, "this server does not answer to that Host")
+        elif given is not None:
             if guard.token_ok(given):
                 query = {k: v for k, v in request.query_params.items() if k != "token"}
-                target = request.url.path + (f"?{urlencode(query)}" if query else "")
+                # one leading slash: '//evil.example/' must stay on this server
+                path = "/" + request.url.path.lstrip("/")
+                target = path + (f"?{urlencode(query)}" if query else "")
                 response = RedirectResponse(target, status_code=303)
                 response.set_cookie(
-                    COOKIE,
+                    guard.cookie,
                     guard.session,
+                    path=root_of(request) or "/",
                     httponly=True,
                     samesite="strict",
                     secure=request.url.scheme == "https",
@@ -163,24 +243,15 @@ class _GuardMiddleware:
         elif guard.require_for_reads and self.dash.authenticated(request) is None:
             response = _error_response(request, 401, "this dashboard needs its token (?token=)")
 
-        async def send_with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {k.lower() for k, _ in headers}
-                for name, value in _HEADERS.items():
-                    if name.lower().encode() not in present:
-                        headers.append((name.lower().encode(), value.encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
         if response is not None:
-            await response(scope, receive, send_with_headers)
+            await response(scope, receive, send)
             return
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive, send)
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api") or request.url.path == "/metrics"
+    path = request.url.path[len(root_of(request)) :]
+    return path.startswith("/api") or path == "/metrics"
 
 
 def _error_response(request: Request, status: int, message: str) -> Response:

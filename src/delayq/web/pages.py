@@ -8,18 +8,26 @@ reads the shared :class:`~delayq.web._dashboard.Dashboard` from the application.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from delayq.job import JobState
-from delayq.web import views
-from delayq.web._dashboard import dashboard, job_url
+from delayq.web import charts, views
+from delayq.web._dashboard import dashboard, job_url, root_of
+from delayq.web._rows import job_row, lease_expired_for
 
-__all__ = ["ROUTES"]
+__all__ = ["REFRESH_SECONDS", "ROUTES"]
+
+REFRESH_SECONDS = 5
+"""How often the overview, jobs and dead-letter pages refresh themselves
+(``static/live.js``; pausable in the page)."""
+
+_LIVE_JS = (Path(__file__).parent / "static" / "live.js").read_bytes()
 
 _STATES = [s.value for s in JobState]
 
@@ -28,36 +36,44 @@ async def overview(request: Request) -> Response:
     dash = dashboard(request)
     app = dash.app
     now = app.clock.time()
-    data = await dash.call(views.overview, app, dash.series.points(), dash.series.slot_seconds, now)
+    points = dash.series.points()
+    slot = dash.series.slot_seconds
+    data = await dash.call(views.overview, app, points, slot, now)
     return dash.render(
         request,
         "overview.html",
         data=data,
-        chart=views.lateness_svg(dash.series.points()),
+        chart=charts.lateness_svg(points, slot_seconds=slot, now=now),
+        throughput_chart=charts.throughput_svg(points, slot_seconds=slot, now=now),
         source=dash.lateness_source,
         states=_STATES,
+        refresh=REFRESH_SECONDS,
     )
 
 
 async def jobs(request: Request) -> Response:
     wanted = (request.query_params.get("id") or "").strip()
-    if wanted:
-        return RedirectResponse(job_url(wanted), status_code=303)
     dash = dashboard(request)
+    if wanted:
+        return dash.redirect(request, job_url(wanted))
     filters = views.JobFilters.parse(request.query_params)
     page, cursor = await dash.call(views.list_page, dash.app, filters)
-    next_url = None if cursor is None else "/jobs?" + urlencode(filters.query(after=cursor))
-    first_url = "/jobs?" + urlencode(filters.query()) if filters.after is not None else None
+    root = root_of(request)
+    next_url = None if cursor is None else f"{root}/jobs?" + urlencode(filters.query(after=cursor))
+    first_url = f"{root}/jobs?" + urlencode(filters.query()) if filters.after is not None else None
+    now = dash.app.clock.time()
     return dash.render(
         request,
         "jobs.html",
-        jobs=page,
+        jobs=[job_row(j, now) for j in page],
         filters=filters,
         raw=request.query_params,
         next_url=next_url,
         first_url=first_url,
-        now=dash.app.clock.time(),
+        now=now,
         states=_STATES,
+        retrying_filter=filters.retrying,
+        refresh=REFRESH_SECONDS,
     )
 
 
@@ -66,6 +82,7 @@ async def job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     found = await dash.call(dash.app.get, job_id)
     status = 200 if found is not None else 404
+    now = dash.app.clock.time()
     return dash.render(
         request,
         "job.html",
@@ -74,20 +91,24 @@ async def job(request: Request) -> Response:
         job=found,
         payload=None if found is None else views.pretty_payload(found.payload),
         done=request.query_params.get("done"),
-        now=dash.app.clock.time(),
+        now=now,
+        lease_expired_for=None if found is None else lease_expired_for(found, now),
+        retrying=found is not None and found.state is JobState.SCHEDULED and found.attempts > 0,
     )
 
 
 async def dead(request: Request) -> Response:
     dash = dashboard(request)
     jobs = await dash.call(dash.app.dead_letters, limit=views.PAGE_SIZE)
+    now = dash.app.clock.time()
     return dash.render(
         request,
         "dead.html",
-        jobs=jobs,
+        jobs=[job_row(j, now) for j in jobs],
         done=request.query_params.get("done"),
         now=dash.app.clock.time(),
         page_size=views.PAGE_SIZE,
+        refresh=REFRESH_SECONDS,
     )
 
 
@@ -98,18 +119,19 @@ async def _form(request: Request) -> dict[str, str]:
     return fields
 
 
-def _done(job_id: str, outcome: str, fields: dict[str, str]) -> Response:
+def _done(request: Request, job_id: str, outcome: str, fields: dict[str, str]) -> Response:
+    dash = dashboard(request)
     if fields.get("back") == "dead":
         query = urlencode({"done": f"{job_id}: {outcome}"})
-        return RedirectResponse(f"/dead?{query}", status_code=303)
-    return RedirectResponse(job_url(job_id, done=outcome), status_code=303)
+        return dash.redirect(request, f"/dead?{query}")
+    return dash.redirect(request, job_url(job_id, done=outcome))
 
 
 async def cancel(request: Request) -> Response:
     fields = await _form(request)
     job_id = request.path_params["job_id"]
     dash = dashboard(request)
-    return _done(job_id, await dash.call(views.cancel, dash.app, job_id), fields)
+    return _done(request, job_id, await dash.call(views.cancel, dash.app, job_id), fields)
 
 
 async def reschedule(request: Request) -> Response:
@@ -119,14 +141,14 @@ async def reschedule(request: Request) -> Response:
     outcome = await dash.call(
         views.reschedule, dash.app, job_id, delay=fields.get("delay"), at=fields.get("at")
     )
-    return _done(job_id, outcome, fields)
+    return _done(request, job_id, outcome, fields)
 
 
 async def requeue(request: Request) -> Response:
     fields = await _form(request)
     job_id = request.path_params["job_id"]
     dash = dashboard(request)
-    return _done(job_id, await dash.call(views.requeue, dash.app, job_id), fields)
+    return _done(request, job_id, await dash.call(views.requeue, dash.app, job_id), fields)
 
 
 async def purge(request: Request) -> Response:
@@ -140,13 +162,16 @@ async def purge(request: Request) -> Response:
         older_than=fields.get("older_than"),
         everything=fields.get("all") == "yes",
     )
-    return RedirectResponse(
-        "/dead?" + urlencode({"done": f"purged {count} dead job(s)"}), status_code=303
-    )
+    return dash.redirect(request, "/dead?" + urlencode({"done": f"purged {count} dead job(s)"}))
+
+
+async def live_js(request: Request) -> Response:
+    return Response(_LIVE_JS, media_type="text/javascript")
 
 
 ROUTES = [
     Route("/", overview),
+    Route("/static/live.js", live_js),
     Route("/jobs", jobs),
     Route("/jobs/{job_id:path}/cancel", cancel, methods=["POST"]),
     Route("/jobs/{job_id:path}/reschedule", reschedule, methods=["POST"]),

@@ -13,6 +13,11 @@
   own, so it needs no CSRF value.
 
 Tokens and derived values are compared in constant time.
+
+Every request must name this server in its ``Host`` header (the bound
+address, the loopback names, or a name given with ``--allowed-host``): a page
+of another site that re-points its own DNS name at 127.0.0.1 (DNS rebinding)
+is then refused, though the browser thinks it reads its own origin.
 """
 
 from __future__ import annotations
@@ -22,11 +27,39 @@ import hmac
 import ipaddress
 from dataclasses import dataclass
 
-__all__ = ["COOKIE", "CSRF_FIELD", "CSRF_HEADER", "Guard", "is_loopback"]
+__all__ = [
+    "COOKIE",
+    "CSRF_FIELD",
+    "CSRF_HEADER",
+    "LOOPBACK_HOSTS",
+    "Guard",
+    "host_of",
+    "is_loopback",
+]
 
 COOKIE = "delayq_session"
+"""The session cookie's name; each dashboard adds a suffix derived from its
+token (cookies ignore ports: two dashboards on one host keep their own)."""
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-csrf-token"
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def host_of(netloc: str) -> str | None:
+    """The host name of a ``Host`` header or URL authority, lower case, without
+    the port or IPv6 brackets; None when it is malformed."""
+    netloc = netloc.strip().lower().rpartition("@")[2]
+    if netloc.startswith("["):
+        host, closed, rest = netloc[1:].partition("]")
+        if not closed or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return host or None
+    host, _, port = netloc.partition(":")
+    if port and not port.isdigit():
+        return None
+    return host or None
 
 
 def is_loopback(host: str) -> bool:
@@ -48,6 +81,11 @@ class Guard:
 
     def _derive(self, purpose: str) -> str:
         return hmac.new(self.token.encode(), purpose.encode(), hashlib.sha256).hexdigest()
+
+    @property
+    def cookie(self) -> str:
+        """This dashboard's cookie name (:data:`COOKIE` plus 8 hex of the token's HMAC)."""
+        return f"{COOKIE}_{self._derive('cookie-name')[:8]}"
 
     @property
     def session(self) -> str:

@@ -23,11 +23,11 @@ from delayq.job import Job, JobState
 from delayq.observe.logs import JOB_FIELD
 from delayq.observe.metrics import SeriesPoint
 from delayq.recurring import TICK_HANDLER
+from delayq.web._rows import RUNNING_SCAN, attention
 
 __all__ = [
     "PAGE_SIZE",
     "JobFilters",
-    "lateness_svg",
     "list_page",
     "overview",
 ]
@@ -90,19 +90,26 @@ class JobFilters:
     after: tuple[float, str] | None = None
     limit: int = PAGE_SIZE
     ticks: bool = False  # show recurring schedules' tick jobs (hidden unless named)
+    retrying: bool = False  # state=retrying: scheduled jobs that failed before
 
     def shows(self, job: Job) -> bool:
-        """False for a tick job the filters hide (one per occurrence: noise)."""
+        """False for a tick job the filters hide (one per occurrence: noise), and
+        for a job that never failed when only retrying ones are asked for."""
+        if self.retrying and job.attempts == 0:
+            return False
         return self.ticks or self.name is not None or job.name != TICK_HANDLER
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> JobFilters:
         state = query.get("state") or None
+        retrying = state == "retrying"
+        if retrying:
+            state = JobState.SCHEDULED.value
         if state is not None:
             try:
                 state_value: JobState | None = JobState(state)
             except ValueError:
-                known = ", ".join(s.value for s in JobState)
+                known = ", ".join([*(s.value for s in JobState), "retrying"])
                 raise InvalidOption(f"state must be one of {known}; got {state!r}") from None
         else:
             state_value = None
@@ -126,13 +133,14 @@ class JobFilters:
             after=after,
             limit=limit,
             ticks=query.get("ticks", "") in ("1", "true", "yes"),
+            retrying=retrying,
         )
 
     def query(self, *, after: tuple[float, str] | None = None) -> dict[str, str]:
         """These filters as query parameters (for links), with another cursor."""
         out: dict[str, str] = {}
         if self.state is not None:
-            out["state"] = self.state.value
+            out["state"] = "retrying" if self.retrying else self.state.value
         if self.name is not None:
             out["name"] = self.name
         if self.due_after is not None:
@@ -231,10 +239,16 @@ def overview(
     head = app.list_jobs(state=JobState.SCHEDULED, limit=1)
     oldest = head[0] if head and head[0].run_at <= now else None
     recent = [p for p in points if p.start >= now - 600]
+    running = app.list_jobs(state=JobState.RUNNING, limit=RUNNING_SCAN)
+    count_retrying = getattr(app.backend, "count_retrying", None)
     return {
         "url": app.url,
         "now": now,
         "counts": {s.value: getattr(stats, s.value) for s in JobState},
+        # scheduled jobs that failed before (counted inside "scheduled" too); None
+        # when the store cannot count them cheaply
+        "retrying": None if count_retrying is None else count_retrying(),
+        **attention(running, now),
         "due_now": stats.due,
         "next_due": stats.next_due,
         "next_due_iso": iso(stats.next_due),
@@ -267,50 +281,6 @@ def overview(
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def lateness_svg(points: Sequence[SeriesPoint], *, width: int = 720, height: int = 200) -> str:
-    """A small SVG chart of p50 and p99 lateness over time (log scale, 1 ms to 1 d).
-
-    Server-rendered text: numbers and fixed labels only, nothing from a job, so
-    it is safe to mark as HTML. Empty string when there are no points.
-    """
-    if not points:
-        return ""
-    lo, hi = math.log10(0.001), math.log10(86400.0)
-    left, right, top, bottom = 48, width - 8, 8, height - 22
-    t0, t1 = points[0].start, max(points[-1].start, points[0].start + 1)
-
-    def x(t: float) -> float:
-        return left + (t - t0) / (t1 - t0) * (right - left)
-
-    def y(v: float) -> float:
-        v = min(max(v, 0.001), 86400.0)
-        return bottom - (math.log10(v) - lo) / (hi - lo) * (bottom - top)
-
-    def line(values: list[tuple[float, float]], color: str) -> str:
-        coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in values)
-        return f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
-
-    grid = []
-    for v, label in ((0.001, "1ms"), (0.1, "100ms"), (1, "1s"), (60, "1m"), (3600, "1h")):
-        grid.append(
-            f'<line x1="{left}" x2="{right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>'
-            f'<text x="4" y="{y(v) + 4:.1f}" font-size="11">{label}</text>'
-        )
-    p50 = [(p.start, p.p50 if math.isfinite(p.p50) else 86400.0) for p in points]
-    p99 = [(p.start, p.p99 if math.isfinite(p.p99) else 86400.0) for p in points]
-    span = _span(t1 - t0)
-    return (
-        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'role="img" aria-label="lateness p50 and p99 over time">'
-        + "".join(grid)
-        + line(p99, "#c0392b")
-        + line(p50, "#2471a3")
-        + f'<text x="{left}" y="{height - 4}" font-size="11">{span} ago</text>'
-        + f'<text x="{right - 30}" y="{height - 4}" font-size="11">now</text>'
-        + "</svg>"
-    )
 
 
 # -- actions: the CLI's outcome words ------------------------------------------------

@@ -46,6 +46,7 @@ from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
 from delayq.backends.memory._flow import Entry, FlowState, MemoryLimits, ReadyJobs
 from delayq.backends.memory._schedules import MemorySchedules
+from delayq.backends.memory._workers import MemoryWorkers
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import decode_payload
 from delayq.errors import ConfigurationError, QueueClosed, StaleClaim
@@ -118,7 +119,7 @@ class _Record:
         )
 
 
-class MemoryBackend(MemorySchedules, MemoryLimits, CompletesInBatches):
+class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not

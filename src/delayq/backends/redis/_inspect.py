@@ -7,6 +7,7 @@ client, keys and ``_run`` (one script call, driver errors mapped).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,11 @@ from delayq.backends._common import (
     check_when,
     filtered_page,
 )
+from delayq.backends._workers import check_worker_beat, check_worker_id
+from delayq.backends.base import WORKER_FORGET_AFTER, WorkerBeat
 from delayq.backends.redis._fields import job_of, optional_float, pairs, when_arg
 from delayq.backends.redis._keys import FINISHED_INDEX
+from delayq.clock import SYSTEM_CLOCK
 from delayq.job import Job, JobState, Stats
 
 if TYPE_CHECKING:
@@ -28,7 +32,8 @@ __all__ = ["RedisInspection"]
 
 
 class RedisInspection:
-    """``get``, ``list_jobs``, ``stats``, ``next_due`` and the dead-letter calls."""
+    """``get``, ``list_jobs``, ``stats``, ``next_due``, the dead-letter calls and the
+    worker registry (the hash ``workers``: id -> ``{"data", "seen"}``)."""
 
     if TYPE_CHECKING:
         _redis: Any
@@ -189,3 +194,32 @@ class RedisInspection:
             deleted += n
             if n < PURGE_BATCH:
                 return deleted
+
+    # -- the worker registry ---------------------------------------------------------
+    def _worker_now(self) -> float:
+        clock = getattr(self, "_clock", None)
+        return (clock or SYSTEM_CLOCK).time()
+
+    def beat_worker(self, worker_id: str, data: str) -> None:
+        worker_id, data = check_worker_beat(worker_id, data)
+        record = json.dumps({"data": data, "seen": self._worker_now()})
+        self._call(lambda: self._redis.hset(self._keys["workers"], worker_id, record), retry=True)
+
+    def list_workers(self) -> list[WorkerBeat]:
+        raw: Any = self._call(lambda: self._redis.hgetall(self._keys["workers"]), retry=True)
+        beats, stale = [], []
+        cutoff = self._worker_now() - WORKER_FORGET_AFTER
+        for key, value in raw.items():
+            worker_id = key.decode() if isinstance(key, bytes) else str(key)
+            record = json.loads(value)
+            if record["seen"] < cutoff:
+                stale.append(worker_id)
+            else:
+                beats.append(WorkerBeat(worker_id, record["data"], float(record["seen"])))
+        if stale:
+            self._call(lambda: self._redis.hdel(self._keys["workers"], *stale), retry=True)
+        return sorted(beats, key=lambda b: -b.seen)
+
+    def forget_worker(self, worker_id: str) -> None:
+        worker_id = check_worker_id(worker_id)
+        self._call(lambda: self._redis.hdel(self._keys["workers"], worker_id), retry=True)

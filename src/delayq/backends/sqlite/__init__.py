@@ -6,10 +6,12 @@ so it costs O(log n): the same with 10 jobs pending or 10 million.
 
 Concurrency
 -----------
-* **Threads.** A backend object owns ONE connection, guarded by a lock; its
-  threads take turns. Concurrent ``enqueue`` calls (a threaded web app calling
-  ``schedule``) share one transaction and one fsync: a group commit, each call
-  failing alone on its own conflict, each returning after the commit that stored it.
+* **Threads.** A backend object owns ONE writer connection, guarded by a lock;
+  its threads take turns. Reads run on a read-only connection per thread
+  (:mod:`._readers`), so a slow inspection read never holds off a claim.
+  Concurrent ``enqueue`` calls (a threaded web app calling ``schedule``) share
+  one transaction and one fsync: a group commit, each call failing alone on
+  its own conflict, each returning after the commit that stored it.
 * **Processes.** Any number of processes may open the same file. Every write
   (claims included) runs in ``BEGIN IMMEDIATE``, which takes the database's
   write lock before reading, so two processes can never both see a job as due

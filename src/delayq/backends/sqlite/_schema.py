@@ -61,6 +61,11 @@ CREATE INDEX IF NOT EXISTS delayq_jobs_lease ON delayq_jobs (state, lease_until)
 CREATE INDEX IF NOT EXISTS delayq_jobs_finished ON delayq_jobs (state, updated_at);
 -- list_jobs without a state filter: walks the due order instead of sorting the table
 CREATE INDEX IF NOT EXISTS delayq_jobs_run_at ON delayq_jobs (run_at, seq);
+-- list_jobs(name=): one handler's jobs of one state in due order, never a table walk
+CREATE INDEX IF NOT EXISTS delayq_jobs_name ON delayq_jobs (name, state, run_at, seq);
+-- count_retrying: only the scheduled jobs that failed before
+CREATE INDEX IF NOT EXISTS delayq_jobs_retrying ON delayq_jobs (run_at)
+    WHERE state = 'scheduled' AND attempts > 0;
 CREATE TABLE IF NOT EXISTS delayq_meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL

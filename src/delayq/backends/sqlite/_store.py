@@ -38,6 +38,8 @@ from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
 from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
+from delayq.backends.sqlite._inspect import SQLiteInspection
+from delayq.backends.sqlite._readers import ReadConnections
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
     CHUNK,
@@ -101,7 +103,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 """Query parameters of a sqlite:// URL (there is no driver to pass others to)."""
 
 
-class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
+class SQLiteBackend(SQLiteSchedules, SQLiteLimits, SQLiteInspection, CompletesInBatches):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -178,7 +180,9 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
         self._wake_distrusted = False
         self._turns: WriteTurns | None = None
         self._conn = self._connect()
+        self._readers: ReadConnections | None = None
         if not self._memory:
+            self._readers = ReadConnections(self.path, busy_timeout=self._busy_timeout)
             self._turns = open_turns(self.path)
             self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
 
@@ -264,10 +268,25 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
         """
         return self._transaction("BEGIN IMMEDIATE", doing, lazy=not durable)
 
-    def _read(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """A read transaction: one consistent snapshot for several statements (no turn:
-        in WAL mode readers never wait for writers)."""
-        return self._transaction("BEGIN", doing)
+    @contextlib.contextmanager
+    def _read(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """A read transaction: one consistent snapshot for several statements, on
+        this thread's read-only connection (:mod:`._readers`): no turn and no
+        ``_db_lock``, so a long read never holds off a claim or a commit."""
+        readers = self._readers
+        if readers is None:  # in memory: the one connection holds the data
+            with self._transaction("BEGIN", doing) as conn:
+                yield conn
+            return
+        if self._closed:
+            raise QueueClosed(f"{self!r} is closed")
+        try:
+            with readers.transaction() as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            if self._closed:
+                raise QueueClosed(f"{self!r} is closed") from exc
+            raise self._wrap(exc, doing) from exc
 
     @contextlib.contextmanager
     def _transaction(
@@ -610,16 +629,14 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
 
         Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
-        ``name`` filter is checked on the rows walked (no index of its own, so a
-        rare name costs a longer walk, never a sort).
+        ``name`` filter walks ``(name, state, run_at, seq)``: one range per state
+        (at most ``limit`` rows each) merged here, so a rare name costs no more
+        than a common one.
         """
         limit = check_limit(limit)
         cursor = check_list_cursor(after)
         where = [NOT_EXPIRED]
         params: list[Any] = [self._cutoff(self._clock.time())]
-        if state is not None:
-            where.append("state = ?")
-            params.append(JobState(state).value)
         if name is not None:
             where.append("name = ?")
             params.append(name)
@@ -636,12 +653,22 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
         if due_before is not None:
             where.append("run_at < ?")
             params.append(check_run_at(due_before, "due_before"))
+        if state is not None:
+            states: list[str | None] = [JobState(state).value]
+        else:
+            states = [s.value for s in JobState] if name is not None else [None]
+        index = "INDEXED BY delayq_jobs_name " if name is not None else ""
+        rows: list[Any] = []
         with self._read("listing jobs") as conn:
-            rows = conn.execute(
-                f"{SELECT} WHERE {' AND '.join(where)} ORDER BY run_at, seq LIMIT ?",
-                (*params, limit),
-            ).fetchall()
-        return [to_job(r) for r in rows]
+            for one in states:
+                clause = where if one is None else [*where, "state = ?"]
+                rows += conn.execute(
+                    f"{SELECT} {index}WHERE {' AND '.join(clause)} ORDER BY run_at, seq LIMIT ?",
+                    (*params, *([] if one is None else [one]), limit),
+                ).fetchall()
+        if len(states) > 1:
+            rows.sort(key=lambda r: (r[4], r[0]))  # run_at, seq (COLUMNS)
+        return [to_job(r) for r in rows[:limit]]
 
     def next_due(self) -> float | None:
         with self._read("reading the next due time") as conn:
@@ -742,6 +769,8 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, CompletesInBatches):
                     self._conn.close()
                 if self._turns is not None:
                     self._turns.close()
+            if self._readers is not None:
+                self._readers.close()
             wake = self._wake if ours else None
         if wake is not None:
             wake.close()
