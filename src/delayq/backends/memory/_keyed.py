@@ -101,6 +101,8 @@ def _enqueue_keyed(store: MemoryKeyed, spec: JobSpec, policy: KeyPolicy) -> Keye
                 rec.updated_at = now
                 store._schedule(rec)
                 store._wake_if_earlier(rec.run_at, head)
+        if state is not None and state.job_id != decision.job_id:
+            store._key_of.pop(state.job_id, None)  # only a key's current run shows its counters
         store._keys[key] = decision.state
         store._key_of[decision.job_id] = key
         return KeyedResult(decision.job_id, decision.outcome, decision.run_at)
