@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from delayq._present import job_dict
 from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.backoff import ScheduleBackoff
@@ -618,3 +619,6 @@ def test_an_appended_batch_is_one_job_whose_payload_is_the_list(app: DelayQ) -> 
     job = app.get("d")
     assert job is not None and job.payload == [{"event": 0}, {"event": 1}, {"event": 2}]
     assert job.keyed is not None and job.keyed.items == 3
+    assert (
+        job_dict(job)["keyed"]["mode"] == "append max_items=10"
+    )  # what the dashboard and API show
