@@ -31,7 +31,16 @@ from delayq.errors import (
     UnknownHandler,
     Unsupported,
 )
-from delayq.job import CancelOutcome, Job, JobContext, JobState, Misfire, RescheduleOutcome
+from delayq.job import (
+    CancelOutcome,
+    Job,
+    JobContext,
+    JobState,
+    KeyInfo,
+    Misfire,
+    RescheduleOutcome,
+)
+from delayq.keyed import KeyedOutcome, KeyedResult
 from delayq.recurring import MissedRuns, Schedule, ScheduleStatus
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
@@ -74,6 +83,9 @@ __all__ = [
     "JobNotFound",
     "JobResult",
     "JobState",
+    "KeyInfo",
+    "KeyedOutcome",
+    "KeyedResult",
     "Misfire",
     "MissedRuns",
     "MissingDependency",

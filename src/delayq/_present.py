@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -100,7 +101,8 @@ def relative(epoch: float | None, now: float) -> str:
 
 def job_dict(job: Job) -> dict[str, Any]:
     """A job as JSON-ready data (times as epoch seconds, the due time also as ISO 8601 UTC);
-    a job under flow control also shows its key, priority, group and ``throttled_until``."""
+    a job under flow control also shows its key, priority, group and ``throttled_until``;
+    a keyed job's current run its key's mode and counters (``keyed``)."""
     data = {
         "id": job.id,
         "name": job.name,
@@ -125,6 +127,8 @@ def job_dict(job: Job) -> dict[str, Any]:
         data["throttled_until_iso"] = (
             None if job.throttled_until is None else iso(job.throttled_until)
         )
+    if job.keyed is not None:  # the current run of a keyed call's key: its mode and counters
+        data["keyed"] = dataclasses.asdict(job.keyed)
     return data
 
 

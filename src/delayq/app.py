@@ -72,6 +72,7 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
+from delayq.keyed import KeyedMode, KeyedResult, KeyPolicy, Unique
 from delayq.recurring.model import TICK_HANDLER, Schedule, ScheduleStatus
 from delayq.recurring.schedules import RecurringSchedules
 
@@ -272,7 +273,7 @@ class DelayQ(JobBuilder, AppLimits):
         delay: float | timedelta | None = None,
         at: WhenArg | None = None,
         job_id: str | None = None,
-        on_conflict: OnConflict = "reject",
+        on_conflict: OnConflict | KeyedMode = "reject",
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
@@ -280,6 +281,11 @@ class DelayQ(JobBuilder, AppLimits):
         priority: int = 0,
         group: str | None = None,
         connection: object = None,
+        max_wait: float | None = None,
+        window: float | None = None,
+        trailing: bool | None = None,
+        unique: Unique | None = None,
+        max_items: int | None = None,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -316,7 +322,30 @@ class DelayQ(JobBuilder, AppLimits):
         ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
         ``Connection`` / ``Session``) writes the job inside that connection's
         transaction: it exists if and only if the caller's transaction commits.
+
+        Keyed calls (stores with the ``keyed`` feature; ``job_id`` is the key,
+        see :mod:`delayq.keyed` and :meth:`schedule_keyed` for the outcome):
+        ``on_conflict="debounce", max_wait=60``; ``"throttle", window=10``
+        (``trailing=True``); ``unique="until_finished" | "until_started" |
+        seconds`` with ``"keep"`` or ``"reject"``; ``"append", max_items=100``.
+        The id returned is the job acted on (``key``, then ``key#2``...).
         """
+        keyed = KeyPolicy.build(
+            on_conflict,
+            max_wait=max_wait,
+            window=window,
+            trailing=trailing,
+            unique=unique,
+            max_items=max_items,
+        )
+        if keyed is not None:
+            if connection is not None:
+                raise InvalidOption("connection= does not apply to keyed calls")
+            spec = self.build(
+                name, payload, delay=delay, at=at, job_id=job_id, max_attempts=max_attempts,
+                backoff=backoff, misfire=misfire, key=key, priority=priority, group=group,
+            )  # fmt: skip
+            return self._keyed(spec, keyed, job_id).id
         policy = check_on_conflict(on_conflict)
         spec = self.build(
             name,
@@ -335,6 +364,52 @@ class DelayQ(JobBuilder, AppLimits):
             return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
         return spec.id
+
+    def schedule_keyed(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        job_id: str,
+        on_conflict: OnConflict | KeyedMode,
+        delay: float | timedelta | None = None,
+        at: WhenArg | None = None,
+        max_wait: float | None = None,
+        window: float | None = None,
+        trailing: bool | None = None,
+        unique: Unique | None = None,
+        max_items: int | None = None,
+        **options: Any,
+    ) -> KeyedResult:
+        """A keyed :meth:`schedule` that answers with a :class:`~delayq.keyed.KeyedResult`
+        (the job id, ``CREATED`` / ``EXTENDED`` / ``CAPPED`` / ``KEPT`` / ``DROPPED``
+        / ``FOLDED`` / ``APPENDED``, and the due time)."""
+        keyed = KeyPolicy.build(
+            on_conflict,
+            max_wait=max_wait,
+            window=window,
+            trailing=trailing,
+            unique=unique,
+            max_items=max_items,
+        )
+        if keyed is None:
+            raise InvalidOption(
+                f"schedule_keyed needs a keyed mode: on_conflict 'debounce', 'throttle' or "
+                f"'append', or unique= with 'keep' / 'reject'; got on_conflict={on_conflict!r}"
+            )
+        spec = self.build(name, payload, delay=delay, at=at, job_id=job_id, **options)
+        return self._keyed(spec, keyed, job_id)
+
+    def _keyed(self, spec: JobSpec, keyed: KeyPolicy, job_id: str | None) -> KeyedResult:
+        if job_id is None:
+            raise InvalidOption(f"{keyed.mode} needs job_id= (the key its calls share)")
+        if "#" in job_id:
+            raise InvalidOption(
+                f"a key must not contain '#' (it numbers the key's runs): {job_id!r}"
+            )
+        if "keyed" not in getattr(self._backend, "features", ()):
+            raise InvalidOption(f"{self._backend.url} does not support keyed calls ({keyed.mode})")
+        return self._backend.enqueue_keyed(spec, keyed)  # type: ignore[attr-defined,no-any-return]
 
     def schedule_many(
         self, jobs: Iterable[Mapping[str, Any]], *, on_conflict: OnConflict = "reject"

@@ -28,6 +28,7 @@ __all__ = [
     "JobContext",
     "JobSpec",
     "JobState",
+    "KeyInfo",
     "Misfire",
     "OnConflict",
     "RescheduleOutcome",
@@ -241,6 +242,20 @@ class Job:
     priority: int = 0
     group: str | None = None
     throttled_until: float | None = None  # due, but over its key's rate until then
+    keyed: KeyInfo | None = None  # the current job of a keyed call's key (delayq.keyed)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """A keyed job's key, mode and counters, as ``get`` reports them."""
+
+    key: str
+    mode: str  # e.g. "debounce max_wait=60", "append max_items=100"
+    run: int  # this job is the key's run number ``run`` (its id: key, then key#2...)
+    first_at: float  # the run's first call
+    extended: int = 0  # debounce: times the due time moved
+    items: int = 0  # append: payloads in the batch
+    calls: int = 0  # calls that reached this run
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,21 @@ FLOW_CONTROL = frozenset(
 )
 """The flow-control tests (feature ``flow_control``): skipped by a store without it."""
 
+KEYED = frozenset(
+    {
+        "test_debounce_extends_until_the_max_wait_caps_it",
+        "test_a_debounce_call_while_the_job_runs_creates_the_next_run",
+        "test_a_debounce_call_racing_the_claim_either_extends_or_makes_the_next_run",
+        "test_throttle_runs_the_first_call_and_drops_the_rest_of_the_window",
+        "test_trailing_throttle_folds_the_window_into_one_run_at_its_end",
+        "test_unique_until_finished_keeps_through_retries_and_frees_on_finish",
+        "test_unique_until_started_and_for_a_period",
+        "test_append_collects_payloads_into_one_list_capped_at_max_items",
+        "test_two_producers_appending_at_once_lose_no_item",
+    }
+)
+"""The keyed-call tests (feature ``keyed``): skipped by a store without it."""
+
 SKIPPED: dict[str, frozenset[str]] = {
     "memory": frozenset(
         {
@@ -44,9 +59,11 @@ SKIPPED: dict[str, frozenset[str]] = {
         }
     ),
     "sqlite": frozenset(),
-    "redis": frozenset(),
+    # keyed calls are not in this store yet
+    "redis": KEYED,
     # flow control is not in this store yet
     "postgres": FLOW_CONTROL
+    | KEYED
     | frozenset(
         {
             # attempts counted at claim, not from a recorded start (no attempt_at_start yet)
@@ -107,6 +124,7 @@ SKIPPED: dict[str, frozenset[str]] = {
             "test_pages_follow_each_other_without_gaps_or_repeats_also_on_ties",
         }
     )
+    | KEYED  # a broker keeps no record per key to decide a call against
     | FLOW_CONTROL,  # a broker hands messages out in its own order; no claim step to limit
 }
 """store name -> names of the contract tests skipped for it (missing features)."""

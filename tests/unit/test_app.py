@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from delayq._present import job_dict
 from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.backoff import ScheduleBackoff
@@ -20,6 +21,7 @@ from delayq.errors import (
     PayloadTooLarge,
 )
 from delayq.job import CancelOutcome, JobContext, JobState, RescheduleOutcome
+from delayq.keyed import KeyedOutcome
 from delayq.testing import FakeClock
 
 T0 = 1_700_000_000.0
@@ -580,3 +582,43 @@ def _ctx(*, attempt: int = 1, max_attempts: int = 5) -> JobContext:
         lease_until=T0 + 30,
         created_at=T0 - 1,
     )
+
+
+# -- keyed calls ---------------------------------------------------------------
+def test_schedule_debounces_by_job_id_and_schedule_keyed_says_what_it_did(
+    app: DelayQ, clock: FakeClock
+) -> None:
+    assert (
+        app.schedule("reindex", 1, delay=5, job_id="r:7", on_conflict="debounce", max_wait=60)
+        == "r:7"
+    )
+    clock.advance(3)
+    result = app.schedule_keyed(
+        "reindex", 2, delay=5, job_id="r:7", on_conflict="debounce", max_wait=60
+    )
+    assert (result.id, result.outcome, result.run_at) == ("r:7", KeyedOutcome.EXTENDED, T0 + 8)
+    job = app.get("r:7")
+    assert job is not None and job.payload == 2 and job.keyed is not None
+    assert (job.keyed.key, job.keyed.extended, job.keyed.calls) == ("r:7", 1, 2)
+
+
+def test_keyed_options_that_do_not_fit_are_refused_at_the_call(app: DelayQ) -> None:
+    with pytest.raises(InvalidOption, match="needs job_id"):
+        app.schedule("x", on_conflict="debounce", max_wait=5)
+    with pytest.raises(InvalidOption, match="max_items does not apply"):
+        app.schedule("x", job_id="k", on_conflict="debounce", max_wait=5, max_items=3)
+    with pytest.raises(InvalidOption, match="'#'"):
+        app.schedule("x", job_id="a#2", on_conflict="append")
+    with pytest.raises(InvalidOption, match="needs a keyed mode"):
+        app.schedule_keyed("x", job_id="k", on_conflict="keep")
+
+
+def test_an_appended_batch_is_one_job_whose_payload_is_the_list(app: DelayQ) -> None:
+    for n in range(3):
+        app.schedule("digest", {"event": n}, job_id="d", on_conflict="append", max_items=10)
+    job = app.get("d")
+    assert job is not None and job.payload == [{"event": 0}, {"event": 1}, {"event": 2}]
+    assert job.keyed is not None and job.keyed.items == 3
+    assert (
+        job_dict(job)["keyed"]["mode"] == "append max_items=10"
+    )  # what the dashboard and API show

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "delayq.job",
             "delayq.flow",
+            "delayq.keyed",
             "delayq.errors",
             "delayq.clock",
             "delayq.backoff",

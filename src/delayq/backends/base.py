@@ -127,6 +127,7 @@ FEATURES: dict[str, str] = {
         "unstarted gives its attempt back (bounded by MAX_UNSTARTED); release takes "
         "run_at= and note="
     ),
+    "keyed": "enqueue_keyed: debounce, throttle, unique and append by key, atomically",
     "flow_control": "per-key concurrency and rate limits, priorities and fair shares, in the claim",
 }
 """The promises a store may declare in its class attribute ``features``.

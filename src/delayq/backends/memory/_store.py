@@ -45,6 +45,7 @@ from delayq.backends._common import (
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
 from delayq.backends.memory._flow import Entry, FlowState, MemoryLimits, ReadyJobs
+from delayq.backends.memory._keyed import MemoryKeyed
 from delayq.backends.memory._schedules import MemorySchedules
 from delayq.backends.memory._workers import MemoryWorkers
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -62,6 +63,7 @@ from delayq.job import (
     Stats,
     check_on_conflict,
 )
+from delayq.keyed import KeyState
 
 __all__ = ["MemoryBackend"]
 
@@ -119,7 +121,7 @@ class _Record:
         )
 
 
-class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBatches):
+class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
     Options (keyword-only): ``clock`` decides "now" whenever a method is not
@@ -145,7 +147,15 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBat
     """
 
     features: ClassVar[frozenset[str]] = frozenset(
-        {"attempt_at_start", "clock", "definite_cancel", "inspect", "recurring", "flow_control"}
+        {
+            "attempt_at_start",
+            "clock",
+            "definite_cancel",
+            "inspect",
+            "recurring",
+            "flow_control",
+            "keyed",
+        }
     )
 
     def __init__(
@@ -167,6 +177,8 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBat
         self._ready = ReadyJobs()  # due jobs moved out of _due by claim
         self._ready_due: list[Entry] = []  # the same (and the parked ones) by run_at
         self._flow = FlowState()
+        self._keys: dict[str, KeyState] = {}  # keyed calls: key -> its record
+        self._key_of: dict[str, str] = {}  # a key's job ids -> the key
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self._wake_gen = 0
@@ -387,32 +399,35 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBat
             head = self._next_due()
             earliest: float | None = None
             for spec in final.values():
-                rec = _Record(
-                    id=spec.id,
-                    name=spec.name,
-                    payload=spec.payload,
-                    run_at=(
-                        float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
-                    ),
-                    max_attempts=spec.max_attempts,
-                    backoff=dict(spec.backoff),
-                    misfire=spec.misfire,
-                    created_at=spec.created_at or now,
-                    updated_at=now,
-                    seq=next(self._seq),
-                    key=spec.key,
-                    priority=spec.priority,
-                    group=spec.group,
-                )
-                old = self._jobs.get(spec.id)
-                if old is not None:
-                    rec.version = old.version + 1
-                self._jobs[spec.id] = rec
-                self._schedule(rec)
+                rec = self._insert(spec, now)
                 earliest = rec.run_at if earliest is None else min(earliest, rec.run_at)
             if earliest is not None:
                 self._wake_if_earlier(earliest, head)
             return outcomes
+
+    def _insert(self, spec: JobSpec, now: float) -> _Record:
+        """Store ``spec`` as a new scheduled record (over any old one of its id)."""
+        rec = _Record(
+            id=spec.id,
+            name=spec.name,
+            payload=spec.payload,
+            run_at=float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay),
+            max_attempts=spec.max_attempts,
+            backoff=dict(spec.backoff),
+            misfire=spec.misfire,
+            created_at=spec.created_at or now,
+            updated_at=now,
+            seq=next(self._seq),
+            key=spec.key,
+            priority=spec.priority,
+            group=spec.group,
+        )
+        old = self._jobs.get(spec.id)
+        if old is not None:
+            rec.version = old.version + 1
+        self._jobs[spec.id] = rec
+        self._schedule(rec)
+        return rec
 
     def cancel(self, job_id: str) -> CancelOutcome:
         with self._lock:
@@ -608,7 +623,13 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, CompletesInBat
         with self._lock:
             self._check_open()
             rec = self._lookup(job_id, self._clock.time())
-            return None if rec is None else rec.to_job()
+            if rec is None:
+                return None
+            job = rec.to_job()
+            state = self._keys.get(self._key_of.get(job_id, ""))
+            if state is not None and state.job_id == job_id:
+                job = replace(job, keyed=state.info())
+            return job
 
     def list_jobs(
         self,

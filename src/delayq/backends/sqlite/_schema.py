@@ -32,6 +32,12 @@ often (seconds): the most a wake-up lost for an unknown reason can cost."""
 PURGE_EVERY = 1.0  # seconds of backend time between lazy purges of finished records
 CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
 
+KEYED_TABLE = (
+    "CREATE TABLE IF NOT EXISTS delayq_keyed (key TEXT PRIMARY KEY, job_id TEXT NOT NULL, "
+    "state TEXT NOT NULL) WITHOUT ROWID"
+)  # keyed calls: key -> its current job and KeyState.to_json() (backends/sqlite/_keyed.py)
+KEYED_INDEX = "CREATE INDEX IF NOT EXISTS delayq_keyed_job ON delayq_keyed (job_id)"
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS delayq_jobs (
     seq          INTEGER PRIMARY KEY,  -- enqueue order: breaks run_at ties (FIFO)
@@ -288,6 +294,8 @@ def open_connection(
                 conn.execute(f"ALTER TABLE delayq_jobs ADD COLUMN {column} {definition}")
         _create_counts(conn)
         add_flow_schema(conn)
+        conn.execute(KEYED_TABLE)
+        conn.execute(KEYED_INDEX)
         conn.execute(
             "INSERT OR IGNORE INTO delayq_meta (key, value) VALUES ('schema_version', ?)",
             (SCHEMA_VERSION,),

@@ -39,6 +39,7 @@ from delayq.backends.base import Completion
 from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._inspect import SQLiteInspection
+from delayq.backends.sqlite._keyed import SQLiteKeyed, with_key_info
 from delayq.backends.sqlite._readers import ReadConnections
 from delayq.backends.sqlite._schedules import SQLiteSchedules
 from delayq.backends.sqlite._schema import (
@@ -103,7 +104,9 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 """Query parameters of a sqlite:// URL (there is no driver to pass others to)."""
 
 
-class SQLiteBackend(SQLiteSchedules, SQLiteLimits, SQLiteInspection, CompletesInBatches):
+class SQLiteBackend(
+    SQLiteSchedules, SQLiteLimits, SQLiteInspection, SQLiteKeyed, CompletesInBatches
+):
     """The :class:`~delayq.backends.base.Backend` on a SQLite file (see the package docstring).
 
     ``SQLiteBackend("jobs.db")`` or ``open_backend("sqlite:///jobs.db")``;
@@ -138,6 +141,7 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, SQLiteInspection, CompletesIn
         {
             "attempt_at_start",
             "clock",
+            "keyed",
             "shared",
             "durable",
             "definite_cancel",
@@ -614,7 +618,7 @@ class SQLiteBackend(SQLiteSchedules, SQLiteLimits, SQLiteInspection, CompletesIn
                 f"{SELECT} WHERE id = ? AND {NOT_EXPIRED}",
                 (job_id, self._cutoff(self._clock.time())),
             ).fetchone()
-        return None if row is None else to_job(row)
+            return None if row is None else with_key_info(conn, to_job(row))
 
     def list_jobs(
         self,

@@ -1,0 +1,212 @@
+"""Keyed calls (feature ``keyed``): debounce with a max wait, throttle, unique and
+append, each decided and stored in one atomic step of the store."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from delayq.backends.base import Backend
+from delayq.errors import InvalidOption, JobConflict
+from delayq.job import JobState
+from delayq.keyed import KeyedOutcome, KeyedResult, KeyPolicy
+from delayq.testing import FakeClock
+from tests.contract._support import spec
+
+needs_keyed = pytest.mark.backend_features("keyed")
+LEASE = 30.0
+DEBOUNCE = KeyPolicy.build("debounce", max_wait=60)
+THROTTLE = KeyPolicy.build("throttle", window=10)
+TRAILING = KeyPolicy.build("throttle", window=10, trailing=True)
+UNTIL_FINISHED = KeyPolicy.build("keep", unique="until_finished")
+APPEND = KeyPolicy.build("append", max_items=3)
+
+
+def call(
+    backend: Backend, policy: KeyPolicy | None, payload: Any, *, delay: float = 5.0, key: str = "k"
+) -> KeyedResult:
+    assert policy is not None
+    job = spec(key, 0.0, payload=payload)
+    job = type(job)(**{**{f: getattr(job, f) for f in job.__slots__}, "delay": delay})
+    return backend.enqueue_keyed(job, policy)  # type: ignore[attr-defined,no-any-return]
+
+
+def payload_of(backend: Backend, job_id: str) -> Any:
+    job = backend.get(job_id)
+    assert job is not None
+    return job.payload
+
+
+@needs_keyed
+def test_debounce_extends_until_the_max_wait_caps_it(backend: Backend, clock: FakeClock) -> None:
+    t0 = clock.time()
+    first = call(backend, DEBOUNCE, 1)
+    assert (first.id, first.outcome, first.run_at) == ("k", KeyedOutcome.CREATED, t0 + 5)
+    for step in range(1, 12):
+        clock.advance(4)
+        result = call(backend, DEBOUNCE, step + 1)
+        assert result.id == "k"
+    assert result.outcome is KeyedOutcome.EXTENDED and result.run_at == t0 + 44 + 5
+    clock.advance(14)  # t0 + 58: now + 5 is past the cap t0 + 60
+    capped = call(backend, DEBOUNCE, "last")
+    assert (capped.outcome, capped.run_at) == (KeyedOutcome.CAPPED, t0 + 60)
+    job = backend.get("k")
+    assert job is not None and job.payload == "last" and job.run_at == t0 + 60
+    assert (
+        job.keyed is not None and job.keyed.extended == 12 and job.keyed.mode.startswith("debounce")
+    )
+
+
+@needs_keyed
+def test_a_debounce_call_while_the_job_runs_creates_the_next_run(
+    backend: Backend, clock: FakeClock
+) -> None:
+    call(backend, DEBOUNCE, "a", delay=0)
+    [claim] = backend.claim(limit=1, lease=LEASE)
+    result = call(backend, DEBOUNCE, "b")
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)
+    running = backend.get("k")
+    assert running is not None and running.state is JobState.RUNNING and running.payload == "a"
+    backend.ack(claim)
+    assert call(backend, DEBOUNCE, "c").outcome is KeyedOutcome.EXTENDED
+    assert payload_of(backend, "k#2") == "c"
+
+
+@needs_keyed
+def test_a_debounce_call_racing_the_claim_either_extends_or_makes_the_next_run(
+    backend: Backend, clock: FakeClock
+) -> None:
+    call(backend, DEBOUNCE, "a", delay=0)
+    results: list[KeyedResult] = []
+    go = threading.Barrier(2)
+
+    def producer() -> None:
+        go.wait()
+        results.append(call(backend, DEBOUNCE, "b", delay=0))
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    go.wait()
+    claims = backend.claim(limit=10, lease=LEASE)
+    thread.join()
+    [result] = results
+    payloads = [c.job.payload for c in claims]
+    if result.outcome is KeyedOutcome.EXTENDED:  # the call came first: the claim ran "b"
+        assert payloads == ["b"]
+    else:  # the claim came first: "a" runs, "b" is the next run, untouched by the claim
+        assert (result.id, result.outcome, payloads) == ("k#2", KeyedOutcome.CREATED, ["a"])
+        assert [c.job.payload for c in backend.claim(limit=10, lease=LEASE)] == ["b"]
+
+
+@needs_keyed
+def test_throttle_runs_the_first_call_and_drops_the_rest_of_the_window(
+    backend: Backend, clock: FakeClock
+) -> None:
+    assert call(backend, THROTTLE, 1, delay=0).outcome is KeyedOutcome.CREATED
+    clock.advance(3)
+    assert call(backend, THROTTLE, 2, delay=0).outcome is KeyedOutcome.DROPPED
+    clock.advance(7)  # the window ended
+    result = call(backend, THROTTLE, 3, delay=0)
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)
+    assert payload_of(backend, "k") == 1
+
+
+@needs_keyed
+def test_trailing_throttle_folds_the_window_into_one_run_at_its_end(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    call(backend, TRAILING, 1, delay=0)
+    clock.advance(2)
+    folded = call(backend, TRAILING, 2, delay=0)
+    assert (folded.id, folded.outcome, folded.run_at) == ("k#2", KeyedOutcome.FOLDED, t0 + 10)
+    clock.advance(2)
+    again = call(backend, TRAILING, 3, delay=0)
+    assert (again.id, again.outcome, again.run_at) == ("k#2", KeyedOutcome.FOLDED, t0 + 10)
+    assert payload_of(backend, "k#2") == 3
+    clock.advance(8)  # t0 + 12: in the window the trailing run opened at t0 + 10
+    later = call(backend, TRAILING, 4, delay=0)
+    assert (later.id, later.outcome, later.run_at) == ("k#3", KeyedOutcome.FOLDED, t0 + 20)
+
+
+@needs_keyed
+def test_unique_until_finished_keeps_through_retries_and_frees_on_finish(
+    backend: Backend, clock: FakeClock
+) -> None:
+    call(backend, UNTIL_FINISHED, 1, delay=0)
+    [claim] = backend.claim(limit=1, lease=LEASE)
+    assert call(backend, UNTIL_FINISHED, 2).outcome is KeyedOutcome.KEPT
+    backend.retry(claim, clock.time(), "boom")
+    assert call(backend, UNTIL_FINISHED, 3).outcome is KeyedOutcome.KEPT
+    [claim] = backend.claim(limit=1, lease=LEASE)
+    backend.bury(claim, "dead")  # a dead-lettered job frees the key
+    result = call(backend, UNTIL_FINISHED, 4)
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)
+    reject = KeyPolicy.build("reject", unique="until_finished")
+    assert reject is not None
+    with pytest.raises(JobConflict):
+        call(backend, reject, 5)
+
+
+@needs_keyed
+def test_unique_until_started_and_for_a_period(backend: Backend, clock: FakeClock) -> None:
+    started = KeyPolicy.build("keep", unique="until_started")
+    call(backend, started, 1, delay=0, key="s")
+    assert call(backend, started, 2, key="s").outcome is KeyedOutcome.KEPT
+    backend.claim(limit=1, lease=LEASE)
+    assert call(backend, started, 3, key="s").outcome is KeyedOutcome.CREATED
+    period = KeyPolicy.build("keep", unique=100)
+    call(backend, period, 1, key="p")
+    clock.advance(99)
+    assert call(backend, period, 2, key="p").outcome is KeyedOutcome.KEPT
+    clock.advance(1)
+    assert call(backend, period, 3, key="p").outcome is KeyedOutcome.CREATED
+
+
+@needs_keyed
+def test_append_collects_payloads_into_one_list_capped_at_max_items(
+    backend: Backend, clock: FakeClock
+) -> None:
+    t0 = clock.time()
+    outcomes = [call(backend, APPEND, {"n": n}) for n in range(4)]
+    assert [r.outcome for r in outcomes] == ["created", "appended", "appended", "created"]
+    assert [r.id for r in outcomes] == ["k", "k", "k", "k#2"]
+    assert payload_of(backend, "k") == [{"n": 0}, {"n": 1}, {"n": 2}]
+    job = backend.get("k#2")
+    assert job is not None and job.payload == [{"n": 3}] and job.run_at == t0 + 5
+    assert job.keyed is not None and job.keyed.items == 1
+
+
+@needs_keyed
+def test_two_producers_appending_at_once_lose_no_item(backend: Backend) -> None:
+    policy = KeyPolicy.build("append", max_items=50)
+    go = threading.Barrier(2)
+
+    def produce(who: str) -> None:
+        go.wait()
+        for n in range(40):
+            call(backend, policy, f"{who}{n}", delay=100)
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    items = payload_of(backend, "k") + payload_of(backend, "k#2")
+    assert len(payload_of(backend, "k")) == 50
+    assert sorted(items) == sorted(f"{w}{n}" for w in "ab" for n in range(40))
+    assert json.dumps(items)  # every item is plain JSON
+
+
+def test_bad_keyed_options_are_refused_at_the_call() -> None:
+    with pytest.raises(InvalidOption, match="max_wait"):
+        KeyPolicy.build("debounce")
+    with pytest.raises(InvalidOption, match="window"):
+        KeyPolicy.build("replace", window=3)
+    with pytest.raises(InvalidOption, match="unique"):
+        KeyPolicy.build("keep", unique="forever")
+    with pytest.raises(InvalidOption, match="max_items"):
+        KeyPolicy.build("append", max_items=0)
