@@ -33,6 +33,7 @@ from delayq.errors import (
 )
 from delayq.job import CancelOutcome, Job, JobContext, JobState, Misfire, RescheduleOutcome
 from delayq.recurring import MissedRuns, Schedule, ScheduleStatus
+from delayq.task import Task, TaskCall
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import Delayed, DelayedItem, DelayQueue
@@ -88,6 +89,8 @@ __all__ = [
     "ScheduleStatus",
     "StaleClaim",
     "SystemClock",
+    "Task",
+    "TaskCall",
     "Timer",
     "TimerHandle",
     "TimingWheel",

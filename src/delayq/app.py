@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 from delayq._build import (
     BackoffArg,
@@ -74,6 +74,7 @@ from delayq.job import (
 )
 from delayq.recurring.model import TICK_HANDLER, Schedule, ScheduleStatus
 from delayq.recurring.schedules import RecurringSchedules
+from delayq.task import Task
 
 __all__ = [
     "MAX_DELAY",
@@ -93,6 +94,8 @@ URL_ENV = "DELAYQ_URL"
 """Environment variable read by ``DelayQ()`` (and the CLI) when no URL is given."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ProducerHook(Protocol):
@@ -248,6 +251,29 @@ class DelayQ(JobBuilder, AppLimits):
                 )
             self._handlers[name] = entry
         return entry
+
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+        backoff: BackoffArg = None,
+        misfire: MisfireArg = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register the decorated function as a typed :class:`~delayq.task.Task`.
+
+        ``name`` defaults to ``module.qualname``; fix it to keep jobs running
+        across a rename. The job options are the defaults of its jobs.
+        """
+        options = {"max_attempts": max_attempts, "backoff": backoff, "misfire": misfire}
+        options = {k: v for k, v in options.items() if v is not None}
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            return Task(self, fn, task_name, timeout=timeout, **options)
+
+        return register
 
     @property
     def handlers(self) -> Mapping[str, Handler]:

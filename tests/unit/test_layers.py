@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq._build",
             "delayq._limits",
             "delayq._loader",
+            "delayq.task",
             "delayq._present",
         ),
     ),
