@@ -16,6 +16,8 @@ from delayq.job import CancelOutcome
 from delayq.task import Task
 from delayq.testing import FakeClock
 
+from ._worker_harness import Harness
+
 
 @dataclasses.dataclass
 class Address:
@@ -121,3 +123,33 @@ def test_mypy_strict_checks_the_call_site(tmp_path: Path) -> None:
     wrong = mypy(bad)
     assert wrong.returncode == 1
     assert "arg-type" in wrong.stdout
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_worker_runs_a_scheduled_task_with_its_arguments_rebuilt(is_async: bool) -> None:
+    h = Harness()
+    seen: list[tuple[int, Address, str]] = []
+    if is_async:
+
+        @h.app.task(name="order.ship")
+        async def ship_async(order_id: int, to: Address, *, reason: str = "paid") -> None:
+            seen.append((order_id, to, reason))
+
+        job_id = ship_async.options(delay=1800).schedule(7, Address("Bergen", "5003"))
+    else:
+
+        @h.app.task(name="order.ship")
+        def ship(order_id: int, to: Address, *, reason: str = "paid") -> None:
+            seen.append((order_id, to, reason))
+
+        job_id = ship.options(delay=1800).schedule(7, Address("Bergen", "5003"))
+    try:
+        h.start()
+        h.asleep()
+        assert seen == []
+        h.clock.advance(1800)
+        result = h.next_result()
+        assert (result.job_id, result.outcome) == (job_id, "succeeded")
+        assert seen == [(7, Address("Bergen", "5003"), "paid")]
+    finally:
+        h.stop()
