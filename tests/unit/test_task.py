@@ -153,3 +153,38 @@ def test_a_worker_runs_a_scheduled_task_with_its_arguments_rebuilt(is_async: boo
         assert seen == [(7, Address("Bergen", "5003"), "paid")]
     finally:
         h.stop()
+
+
+class Money:
+    """Shaped like a pydantic model (model_dump / model_validate), pydantic not needed."""
+
+    def __init__(self, amount: int, currency: str) -> None:
+        self.amount, self.currency = amount, currency
+
+    def model_dump(self, *, mode: str) -> dict[str, object]:
+        assert mode == "json"
+        return {"amount": self.amount, "currency": self.currency}
+
+    @classmethod
+    def model_validate(cls, data: dict[str, object]) -> Money:
+        amount, currency = data["amount"], data["currency"]
+        assert isinstance(amount, int) and isinstance(currency, str)
+        return cls(amount, currency)
+
+
+def test_a_model_argument_is_stored_by_model_dump_and_rebuilt_by_model_validate(
+    app: DelayQ,
+) -> None:
+    seen: list[Money] = []
+
+    @app.task(name="refund")
+    def refund(money: Money) -> None:
+        seen.append(money)
+
+    job = app.get(refund.schedule(Money(5, "EUR")))
+    assert job is not None
+    assert job.payload == {"args": [{"amount": 5, "currency": "EUR"}], "kwargs": {}}
+    handler = app.get_handler("refund")
+    assert handler is not None
+    handler.fn(job.payload)
+    assert [(m.amount, m.currency) for m in seen] == [(5, "EUR")]
