@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq.aio",
             "delayq._build",
             "delayq._limits",
+            "delayq._recurring_app",
             "delayq._loader",
             "delayq.task",
             "delayq._present",
