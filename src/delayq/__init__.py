@@ -42,6 +42,7 @@ from delayq.job import (
 )
 from delayq.keyed import KeyedOutcome, KeyedResult
 from delayq.recurring import MissedRuns, Schedule, ScheduleStatus
+from delayq.task import Task, TaskCall
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
 from delayq.timers.delay_queue import Delayed, DelayedItem, DelayQueue
@@ -100,6 +101,8 @@ __all__ = [
     "ScheduleStatus",
     "StaleClaim",
     "SystemClock",
+    "Task",
+    "TaskCall",
     "Timer",
     "TimerHandle",
     "TimingWheel",
