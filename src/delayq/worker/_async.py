@@ -16,17 +16,13 @@ import functools
 import inspect
 import logging
 import math
-import threading
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from delayq.app import DelayQ
-from delayq.clock import Clock
 from delayq.job import Handler, JobContext
-from delayq.worker._commit import GroupCommitter
-from delayq.worker._inflight import InFlight, InFlightTable
+from delayq.worker._inflight import InFlight
 from delayq.worker._loop import Cancelled, EventLoopThread
-from delayq.worker._process import ProcessPool
+from delayq.worker._runner_state import RunnerState
 
 __all__ = ["LOOP_BLOCKED", "AsyncHandlers"]
 
@@ -37,25 +33,8 @@ LOOP_BLOCKED = 1.0
 are on it, before the worker logs that a handler blocks it."""
 
 
-class AsyncHandlers:
+class AsyncHandlers(RunnerState):
     """The event loop of async handlers and its health (mixed into ``Runner``)."""
-
-    _table: InFlightTable
-    _app: DelayQ
-    _committer: GroupCommitter
-    _clock: Clock
-    _name: str
-    _timeout: float | None
-    _pool: ProcessPool | None
-    _loop: EventLoopThread | None
-    _loop_lock: threading.Lock
-    _timeouts_changed: threading.Condition
-    _watching_until: float
-    _watcher: threading.Thread | None
-    _async_live: int
-    _loop_check_at: float
-    _ping_answered: bool
-    _ping_sent: float
 
     if TYPE_CHECKING:  # provided by Runner and its other parts
 

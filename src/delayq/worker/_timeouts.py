@@ -15,39 +15,18 @@ import math
 import threading
 from typing import TYPE_CHECKING
 
-from delayq.app import DelayQ
-from delayq.clock import Clock
 from delayq.job import Handler
-from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import Decision, decide, timeout_error
-from delayq.worker._inflight import InFlight, InFlightTable
-from delayq.worker._loop import EventLoopThread
-from delayq.worker._process import ProcessPool
+from delayq.worker._inflight import InFlight
+from delayq.worker._runner_state import RunnerState
 
 __all__ = ["TimeoutWatcher"]
 
 log = logging.getLogger("delayq.worker")
 
 
-class TimeoutWatcher:
+class TimeoutWatcher(RunnerState):
     """Handler deadlines and the thread that expires them (mixed into ``Runner``)."""
-
-    _table: InFlightTable
-    _app: DelayQ
-    _committer: GroupCommitter
-    _clock: Clock
-    _name: str
-    _timeout: float | None
-    _pool: ProcessPool | None
-    _loop: EventLoopThread | None
-    _loop_lock: threading.Lock
-    _timeouts_changed: threading.Condition
-    _watching_until: float
-    _watcher: threading.Thread | None
-    _async_live: int
-    _loop_check_at: float
-    _ping_answered: bool
-    _ping_sent: float
 
     if TYPE_CHECKING:  # provided by Runner and its other parts
 
