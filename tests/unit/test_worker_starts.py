@@ -9,6 +9,8 @@ import threading
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import pytest
+
 from delayq.app import JobContext
 from delayq.backends.memory import MemoryBackend
 from delayq.errors import StaleClaim
@@ -169,6 +171,46 @@ def test_an_async_handler_is_cancelled_when_its_lease_is_lost() -> None:
         backend.refuse = True
         h.asleep(3)  # the dispatcher, the lease keeper and the timeout watcher
         h.clock.advance(1.0)
+        assert cancelled.wait(TIMEOUT)
+        result = h.next_result()
+        assert result.outcome == "retried" and "cancelled" in (result.error or "")
+    finally:
+        h.stop()
+
+
+def test_a_lease_lost_while_the_handler_is_handed_to_the_loop_still_cancels_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The coroutine can start before the runner stores its cancel: a lease lost in
+    that window (the lease keeper finds nothing to cancel) is seen by the runner."""
+    h = Harness(lease=3.0)
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def long(payload: Any) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    handed = asyncio.run_coroutine_threadsafe
+
+    def hand_then_lose(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        rec = coro.cr_frame.f_locals["rec"]
+        future = handed(coro, loop)
+        assert started.wait(TIMEOUT)
+        assert wait_until(lambda: h.worker is not None, TIMEOUT)  # set once start returns
+        assert h.worker is not None
+        h.worker._keeper._lose(rec)  # the lease keeper, before the runner stores the cancel
+        return future
+
+    h.app.register("long", long)
+    h.app.schedule("long", delay=0)
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", hand_then_lose)
+    try:
+        h.start()
         assert cancelled.wait(TIMEOUT)
         result = h.next_result()
         assert result.outcome == "retried" and "cancelled" in (result.error or "")

@@ -189,7 +189,16 @@ class AsyncHandlers(RunnerState):
             rec.is_async = True
             rec.cancel = future.cancel
             decided = rec.done  # decided while it was being started
-        if decided:
+            # Its lease lost while it was handed to the loop: the lease keeper
+            # found no cancel to call (it sets lease_lost before it takes the lock).
+            lost = rec.lease_lost.is_set()
+        if lost and not decided:
+            log.warning(
+                "job %s (%s): cancelling its async handler, its lease is lost",
+                rec.claim.job.id,
+                rec.claim.job.name,
+            )
+        if decided or lost:
             future.cancel()
 
         def done(f: concurrent.futures.Future[BaseException | None]) -> None:
