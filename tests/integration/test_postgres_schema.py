@@ -178,3 +178,62 @@ def test_pending_sql_lists_every_migration_of_a_new_schema_and_none_of_a_current
     assert fresh.count("COMMIT") == SCHEMA_VERSION + 1
     assert any("CREATE TABLE IF NOT EXISTS" in s and "_new" in s for s in fresh)
     assert all("lock_timeout" in fresh[i + 1] for i, s in enumerate(fresh[4:], 4) if s == "BEGIN")
+
+
+def _index(schema: str, name: str) -> tuple[bool, str] | None:
+    with admin() as c:
+        row = c.execute(
+            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (schema, name),
+        ).fetchone()
+    return None if row is None else (bool(row[0]), str(row[1]))
+
+
+def test_an_index_build_left_invalid_is_dropped_and_built_again_by_the_next_migrate(
+    backend: PostgresBackend, schema: str
+) -> None:
+    # An interrupted CREATE INDEX CONCURRENTLY leaves an invalid index of that name,
+    # which IF NOT EXISTS would keep for ever (and the planner never uses).
+    backend.enqueue([spec("a"), spec("b")])
+    with admin() as c:
+        c.execute(f'DROP INDEX "{schema}".jobs_name')
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            c.execute(f'CREATE UNIQUE INDEX CONCURRENTLY jobs_name ON "{schema}".jobs (queue)')
+    found = _index(schema, "jobs_name")
+    assert found is not None and found[0] is False
+    PostgresBackend(POSTGRES_URL, schema=schema).close()  # migrate=True: the repair pass
+    found = _index(schema, "jobs_name")
+    assert found is not None and found[0] is True
+    assert "UNIQUE" not in found[1] and "(queue, name, state, run_at, seq)" in found[1]
+
+
+def test_an_index_missing_after_its_migration_was_recorded_is_built(
+    backend: PostgresBackend, schema: str
+) -> None:
+    with admin() as c:
+        c.execute(f'DROP INDEX "{schema}".jobs_name')  # its process died before the build
+    conn: Any
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        assert pg_schema_module.migrate(conn, schema) == (SCHEMA_VERSION, SCHEMA_VERSION)
+    found = _index(schema, "jobs_name")
+    assert found is not None and found[0] is True
+
+
+def test_a_migration_from_version_4_builds_the_name_index_concurrently(schema: str) -> None:
+    conn: Any
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        real = pg_schema_module.MIGRATIONS
+        try:
+            pg_schema_module.MIGRATIONS = real[:4]
+            pg_schema_module.SCHEMA_VERSION = 4
+            assert pg_schema_module.migrate(conn, schema) == (0, 4)
+        finally:
+            pg_schema_module.MIGRATIONS = real
+            pg_schema_module.SCHEMA_VERSION = len(real)
+        assert _index(schema, "jobs_name") is None
+        assert pg_schema_module.migrate(conn, schema) == (4, SCHEMA_VERSION)
+    found = _index(schema, "jobs_name")
+    assert found is not None and found[0] is True

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -233,6 +234,7 @@ _PARAMS: dict[str, Any] = {
         "requeue",
         "get",
         "list_by_state",
+        "list_by_name",
         "head",
         "wake_times",
         "stats",
@@ -261,6 +263,23 @@ def test_hot_and_dashboard_queries_search_an_index(backend: PostgresBackend, nam
             )
             c.execute("ROLLBACK")  # nothing EXPLAIN touched is kept
     assert "Seq Scan" not in plan, plan
+
+
+def test_listing_one_handlers_jobs_reads_its_own_index_range(backend: PostgresBackend) -> None:
+    # 20 jobs of "test.job" among 5,000 of another handler: the listing of one
+    # handler must not filter the whole state's range (the dashboard's handler view).
+    now = server_now(backend)
+    others = [replace(spec(f"o{i}", now + i), name="other.job") for i in range(5000)]
+    backend.enqueue(others + [spec(f"t{i}", now + i * 250) for i in range(20)])
+    with backend._conn("explaining") as c:
+        c.execute(f'ANALYZE "{backend.schema}".jobs')
+        params = {**_PARAMS, "state": "scheduled", "after_id": None, "ttl": 60.0}
+        plan = "\n".join(
+            row[0] for row in c.execute("EXPLAIN " + backend._sql.list_by_name, params)
+        )
+    assert "jobs_name" in plan, plan
+    listed = backend.list_jobs(name="test.job", limit=5)
+    assert [j.id for j in listed] == ["t0", "t1", "t2", "t3", "t4"]
 
 
 # -- schema and migrations ----------------------------------------------------------

@@ -94,7 +94,7 @@ class PostgresInspection:
         for one in states:
             rows += self._read(
                 "listing jobs",
-                self._sql.list_by_state,
+                self._sql.list_by_state if name is None else self._sql.list_by_name,
                 self._params(
                     state=one.value,
                     low=low,

@@ -10,6 +10,8 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   statement triggers on ``jobs`` and summed up now and then (migration 3).
 * ``meta``: the server start the token sequence was last moved past (migration 3).
 * ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
+* ``jobs_name``: an index for listing one handler's jobs by state and due time, built
+  with ``CREATE INDEX CONCURRENTLY`` (migration 5).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -18,7 +20,10 @@ transaction under a transaction-level advisory lock keyed on the schema name,
 with ``lock_timeout`` set (a lock that is not granted in time is given up and
 retried, instead of queueing every claim behind the migration); steps that
 cannot run in a transaction (``CREATE INDEX CONCURRENTLY``) run after it, one
-by one. Any number of processes may run it at once (``delayq migrate``, or
+by one, under a session advisory lock; an index such a build left invalid (its
+process died or was cancelled mid-build) is dropped and built again by the next
+:func:`migrate`, which checks the indexes of the applied migrations on every call
+(one catalog query). Any number of processes may run it at once (``delayq migrate``, or
 every store opening with ``migrate=True``): they take turns, the first applies,
 the others find the work done. Migrations are additive and keep the previous
 version's delayq working (rolling deploys); a schema newer than this delayq is
@@ -55,6 +60,8 @@ _NOT_OURS = frozenset({"public", "information_schema"})
 _LOCK_TIMEOUT = "5s"  # a migration's wait for a table lock, then retried
 _ATTEMPTS = 20  # tries of one migration whose locks were not granted in time
 _PAUSE = 1.0  # seconds between them
+_INDEX_TRIES = 600  # of the index builds' lock, _PAUSE / 5 apart (two minutes)
+_INDEX = re.compile(r"CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+) ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         oldest_reader=3,
     ),
+    Migration(
+        (),
+        concurrent=(
+            # list_jobs(name=...): the dashboard's and the CLI's jobs of one handler,
+            # one index range per state instead of a filter over the queue's range.
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_name "
+            "ON {s}.jobs (queue, name, state, run_at, seq)",
+        ),
+        oldest_reader=4,
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -237,12 +254,14 @@ def migrate(conn: Any, schema: str) -> tuple[int, int]:
     before = current_version(conn, schema)
     if before is not None and before >= SCHEMA_VERSION:
         _check_readable(conn, schema, before)
-        return before, before  # the common case: no lock, two index reads
+        _repair_indexes(conn, schema)
+        return before, before  # the common case: no lock, three index reads
     found: int | None = None
     while True:
         done = _migrate_one(conn, schema)
         found = done if found is None else found
         if done >= SCHEMA_VERSION:
+            _repair_indexes(conn, schema)  # a concurrent run may have died mid-build
             return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
 
 
@@ -273,14 +292,66 @@ def _migrate_one(conn: Any, schema: str) -> int:
                         f"UPDATE {s}.versions SET oldest_reader = %s WHERE version = %s",
                         (step.oldest_reader, found + 1),
                     )
-            for statement in step.concurrent:
-                conn.execute(statement.format(s=s))
+            if step.concurrent:
+                _build_indexes(conn, schema, step.concurrent)
             return found
         except psycopg.errors.LockNotAvailable:
             if attempt == _ATTEMPTS:
                 raise
             threading.Event().wait(_PAUSE)  # (no clock here: a real pause between tries)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _invalid_indexes(conn: Any, schema: str, statements: tuple[str, ...]) -> set[str]:
+    """The indexes ``statements`` build that are missing or invalid (an interrupted
+    ``CREATE INDEX CONCURRENTLY`` leaves an invalid index that the planner never uses
+    and that ``IF NOT EXISTS`` would keep)."""
+    names = [m.group(1) for m in map(_INDEX.match, statements) if m is not None]
+    if not names:
+        return set()
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = ANY(%s) AND i.indisvalid AND i.indisready",
+        (schema, names),
+    ).fetchall()
+    return set(names) - {r[0] for r in rows}
+
+
+def _build_indexes(conn: Any, schema: str, statements: tuple[str, ...]) -> None:
+    """Run a migration's ``CREATE INDEX CONCURRENTLY`` steps, one process at a time
+    (a session advisory lock: a build in progress looks invalid too, and must not be
+    dropped), dropping first what an interrupted build left invalid."""
+    s = quoted(schema)
+    key = lock_key(schema) + ":indexes"
+    # Tried, not waited for: a statement waiting on the lock would hold a snapshot
+    # that the holder's CREATE INDEX CONCURRENTLY waits out (a deadlock).
+    for _ in range(_INDEX_TRIES):
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
+        if row is not None and row[0]:
+            break
+        threading.Event().wait(_PAUSE / 5)  # another process builds them now
+    else:
+        return  # still building elsewhere: the next migrate checks them again
+    try:
+        wanted = _invalid_indexes(conn, schema, statements)  # under the lock: settled
+        for statement in statements:
+            match = _INDEX.match(statement)
+            if match is not None and match.group(1) not in wanted:
+                continue  # built and valid
+            if match is not None:
+                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {s}.{match.group(1)}")
+            conn.execute(statement.format(s=s))
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+
+
+def _repair_indexes(conn: Any, schema: str) -> None:
+    """Build again any index of the migrations that is missing or invalid (its build
+    was interrupted after its migration was recorded)."""
+    statements = tuple(st for m in MIGRATIONS for st in m.concurrent)
+    if _invalid_indexes(conn, schema, statements):
+        _build_indexes(conn, schema, statements)
 
 
 def _check_readable(conn: Any, schema: str, found: int) -> None:

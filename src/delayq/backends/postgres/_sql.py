@@ -102,6 +102,7 @@ class Statements:
     requeue: str
     get: str
     list_by_state: str
+    list_by_name: str
     head: str
     wake_times: str
     stats: str
@@ -117,6 +118,11 @@ class Statements:
         tokens = f"{quoted(schema)}.tokens"
         counts = f"{quoted(schema)}.counts"
         not_expired = f"NOT (state IN {_TTL} AND updated_at <= {CUTOFF})"
+        # list_jobs' keyset cursor: the job after (run_at, seq) of the cursor's job;
+        # gone, its seq counts as 0 (a page may repeat, never skip).
+        after_cursor = f"""AND (%(after_id)s::text IS NULL OR (run_at, seq) > (
+                      %(low)s, coalesce((SELECT seq FROM {jobs}
+                                         WHERE queue = %(q)s AND id = %(after_id)s::text), 0)))"""
         insert = f"""
                 INSERT INTO {jobs} (queue, id, name, payload, run_at, state, max_attempts,
                                     backoff, misfire, created_at, updated_at)
@@ -325,12 +331,15 @@ class Statements:
                 SELECT {COLUMNS} FROM {jobs}
                 WHERE queue = %(q)s AND state = %(state)s
                   AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
-                  AND (%(name)s::text IS NULL OR name = %(name)s::text)
-                  -- the keyset cursor: the job after (run_at, seq) of the cursor's
-                  -- job; gone, its seq counts as 0 (a page may repeat, never skip)
-                  AND (%(after_id)s::text IS NULL OR (run_at, seq) > (
-                      %(low)s, coalesce((SELECT seq FROM {jobs}
-                                         WHERE queue = %(q)s AND id = %(after_id)s::text), 0)))
+                  {after_cursor}
+                ORDER BY run_at, seq LIMIT %(limit)s""",
+            # ... of one handler: its own index range (jobs_name), not a filter
+            # over every handler's jobs of the state.
+            list_by_name=f"""
+                SELECT {COLUMNS} FROM {jobs}
+                WHERE queue = %(q)s AND name = %(name)s AND state = %(state)s
+                  AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
+                  {after_cursor}
                 ORDER BY run_at, seq LIMIT %(limit)s""",
             head=f"""
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
