@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from delayq.app import DelayQ
-from delayq.backends.base import WorkerRegistry
+from delayq.backends.base import WORKER_FORGET_AFTER, WorkerRegistry
 from delayq.cli import cli
 from delayq.cli.worker import WorkerOps
 from delayq.observe.workers import Heartbeat, worker_rows
@@ -101,3 +101,38 @@ def test_the_redis_store_keeps_heartbeats_under_its_prefix() -> None:
             assert [b.worker_id for b in backend.list_workers()] == ["h:2:bb"]
         finally:
             backend.close()
+
+
+def test_the_postgres_store_keeps_heartbeats_per_queue_and_forgets_stale_ones() -> None:
+    pytest.importorskip("psycopg")
+    from delayq.backends.postgres import PostgresBackend  # noqa: PLC0415
+    from tests.postgres_support import POSTGRES_URL, pg_schema  # noqa: PLC0415
+
+    with pg_schema() as schema:
+        clock = FakeClock(1_700_000_000.0)
+        backend = PostgresBackend(POSTGRES_URL, schema=schema, clock=clock)
+        other = PostgresBackend(POSTGRES_URL, schema=schema, queue="other", clock=clock)
+        try:
+            assert isinstance(backend, WorkerRegistry)
+            backend.beat_worker("h:1:aa", json.dumps({"lease": 30}))
+            other.beat_worker("h:9:zz", json.dumps({"lease": 30}))
+            clock.advance(5)
+            backend.beat_worker("h:2:bb", json.dumps({"lease": 30}))
+            beats = backend.list_workers()
+            assert [b.worker_id for b in beats] == ["h:2:bb", "h:1:aa"]  # this queue's only
+            assert beats[1].seen == pytest.approx(clock.time() - 5)
+            backend.beat_worker("h:1:aa", json.dumps({"lease": 30, "in_flight": 3}))
+            assert json.loads(backend.list_workers()[0].data)["in_flight"] == 3  # replaced
+            backend.forget_worker("h:1:aa")
+            assert [b.worker_id for b in backend.list_workers()] == ["h:2:bb"]
+            clock.advance(WORKER_FORGET_AFTER + 1)
+            assert backend.list_workers() == []  # not renewed: not listed
+            backend.beat_worker("h:3:cc", json.dumps({"lease": 30}))  # drops the stale row
+            with backend._conn("checking") as conn:
+                rows = conn.execute(
+                    f'SELECT queue, id FROM "{schema}".workers ORDER BY queue, id'
+                ).fetchall()
+            assert rows == [("default", "h:3:cc"), ("other", "h:9:zz")]
+        finally:
+            backend.close()
+            other.close()

@@ -12,6 +12,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
 * ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
 * ``jobs_name``: an index for listing one handler's jobs by state and due time, built
   with ``CREATE INDEX CONCURRENTLY`` (migration 5).
+* ``workers``: worker heartbeats by ``(queue, id)`` (migration 6).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -197,6 +198,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             # one index range per state instead of a filter over the queue's range.
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_name "
             "ON {s}.jobs (queue, name, state, run_at, seq)",
+        ),
+        oldest_reader=4,
+    ),
+    Migration(
+        (
+            # Worker heartbeats (WorkerRegistry): one row per live worker, stamped
+            # with the server's clock; a handful of rows per queue.
+            """CREATE TABLE IF NOT EXISTS {s}.workers (
+            queue text NOT NULL,
+            id    text NOT NULL,
+            data  text NOT NULL,              -- the worker's JSON record
+            seen  double precision NOT NULL,  -- its last heartbeat, epoch seconds
+            PRIMARY KEY (queue, id)
+        )""",
         ),
         oldest_reader=4,
     ),

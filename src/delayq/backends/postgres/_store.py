@@ -49,6 +49,7 @@ from delayq.backends.postgres._inspect import PostgresInspection
 from delayq.backends.postgres._schedules import PostgresSchedules
 from delayq.backends.postgres._sql import Statements
 from delayq.backends.postgres._wake import FALLBACK_WAIT, Listener, channel_name
+from delayq.backends.postgres._workers import PostgresWorkers
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import (
     BackendUnavailable,
@@ -83,7 +84,12 @@ log = logging.getLogger("delayq.postgres")
 
 
 class PostgresBackend(
-    PostgresEnqueue, PostgresClaims, PostgresSchedules, CompletesInBatches, PostgresInspection
+    PostgresEnqueue,
+    PostgresClaims,
+    PostgresSchedules,
+    CompletesInBatches,
+    PostgresInspection,
+    PostgresWorkers,
 ):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
