@@ -410,3 +410,24 @@ def test_the_workers_page_lists_live_and_gone_workers(
         shot(page, tmp_path, "dashboard-workers.png")
     finally:
         beat.stop()
+
+
+def test_the_limits_page_sets_and_removes_a_limit_through_its_form(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    site.app.limit("tenant:*", concurrency=2)
+    page = site.page(browser)
+    page.goto(f"{site.url}/limits")
+    page.fill("#limit-pattern", "stripe:*")
+    page.fill("#limit-rate", "100/s")
+    page.fill("#limit-burst", "20")
+    page.click("#set-limit-button")
+    page.wait_for_selector("#outcome")
+    assert "set" in page.inner_text("#outcome")
+    assert "100/s" in page.inner_text("tr[data-pattern='stripe:*']")
+    assert {lim.pattern for lim in site.app.limits()} == {"tenant:*", "stripe:*"}
+    shot(page, tmp_path, "dashboard-limits.png")
+    page.click("tr[data-pattern='tenant:*'] button.remove-limit")
+    page.wait_for_selector("#outcome")
+    assert "removed" in page.inner_text("#outcome")
+    assert [lim.pattern for lim in site.app.limits()] == ["stripe:*"]

@@ -23,6 +23,7 @@ from delayq.errors import InvalidOption
 from delayq.job import JobState
 from delayq.web import views
 from delayq.web._dashboard import dashboard, json_body
+from delayq.web._limits import API_PATHS as _LIMIT_PATHS
 from delayq.web._recurring import API_PATHS as _RECURRING_PATHS
 from delayq.web._rows import PREVIEW_CHARS, job_row
 from delayq.web._workers import API_PATHS as _WORKER_PATHS
@@ -305,6 +306,7 @@ OPENAPI: dict[str, Any] = {
         **_RECURRING_PATHS,
         **_BULK_PATHS,
         **_WORKER_PATHS,
+        **_LIMIT_PATHS,
         **_HANDLER_PATHS,
         "/metrics": {
             "get": {

@@ -42,7 +42,7 @@ from delayq.observe.metrics import (
     exposition_registry,
     multiprocess_dir,
 )
-from delayq.web import _recurring, _workers, api, bulk, handlers, pages
+from delayq.web import _limits, _recurring, _workers, api, bulk, handlers, pages
 from delayq.web._cache import MicroCache
 from delayq.web._dashboard import Dashboard, dashboard, root_of
 from delayq.web.security import LOOPBACK_HOSTS, Guard
@@ -105,6 +105,7 @@ def create_app(
             *_recurring.ROUTES,
             *bulk.ROUTES,
             *_workers.ROUTES,
+            *_limits.ROUTES,
             *handlers.ROUTES,
             *api.ROUTES,
             Route("/metrics", _metrics),
