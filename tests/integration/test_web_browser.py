@@ -431,3 +431,26 @@ def test_the_limits_page_sets_and_removes_a_limit_through_its_form(
     page.wait_for_selector("#outcome")
     assert "removed" in page.inner_text("#outcome")
     assert [lim.pattern for lim in site.app.limits()] == ["stripe:*"]
+
+
+def test_times_show_in_the_browsers_zone_after_the_toggle_and_stay_so(
+    browser: Browser, site: Site
+) -> None:
+    at = 1_798_761_600.0  # 2027-01-01T00:00:00Z
+    job_id = site.app.schedule("t", at=at)
+    context = browser.new_context(timezone_id="Asia/Tokyo")  # UTC+9, no summer time
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    page.goto(f"{site.url}/?token={TOKEN}")
+    page.goto(f"{site.url}/jobs/{job_id}")
+    due = "#timeline tr:nth-child(2) time"
+    assert page.inner_text(due) == "2027-01-01T00:00:00.000+00:00"
+    assert page.inner_text("#times-toggle") == "Times: UTC"
+    page.click("#times-toggle")
+    assert page.inner_text(due) == "2027-01-01 09:00:00 Asia/Tokyo"
+    assert page.inner_text("#times-toggle") == "Times: Asia/Tokyo"
+    page.goto(f"{site.url}/jobs/{job_id}")  # the choice is kept
+    assert page.inner_text(due) == "2027-01-01 09:00:00 Asia/Tokyo"
+    page.click("#times-toggle")
+    assert page.inner_text(due) == "2027-01-01T00:00:00.000+00:00"
+    context.close()

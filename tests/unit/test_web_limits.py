@@ -127,7 +127,7 @@ def test_a_job_page_shows_its_key_priority_group_and_throttling(
     claims = app.backend.claim(limit=10, lease=30)
     assert [c.job.id for c in claims] == [first]  # the second is over the rate
     page = client.get(f"/jobs/{second}").text
-    assert 'id="throttled">throttled until 2026-01-01T00:01:00' in page  # 1/m: a minute on
+    assert 'throttled until <time datetime="2026-01-01T00:01:00.000+00:00"' in page  # 1/m
     assert "over its key" in page
     page = client.get(f"/jobs/{first}").text
     assert 'id="job-key"' in page and "acct:1" in page and 'id="throttled"' not in page

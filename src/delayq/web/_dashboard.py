@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 import anyio
 import anyio.to_thread
 import jinja2
+from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -107,7 +108,12 @@ class Dashboard:
         )
         # What every template may call: one rendering of times (delayq._present).
         self.templates.globals.update(
-            iso=iso, local=local, relative=relative, seconds=seconds_text, error=error_summary
+            iso=iso,
+            when=when,
+            local=local,
+            relative=relative,
+            seconds=seconds_text,
+            error=error_summary,
         )
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -201,6 +207,15 @@ class Dashboard:
             **context,
         )
         return HTMLResponse(html, status_code=status)
+
+
+def when(epoch: float | None) -> Markup | str:
+    """A time as ``<time>`` showing ISO 8601 UTC, carrying its epoch seconds so the
+    page's script can show it in the browser's zone (the header's toggle)."""
+    text = iso(epoch)
+    if text is None or epoch is None:
+        return "-"
+    return Markup('<time datetime="{0}" data-epoch="{1!r}">{0}</time>').format(text, float(epoch))
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

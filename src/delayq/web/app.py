@@ -3,7 +3,7 @@
 :func:`create_app` builds it around an open :class:`~delayq.app.DelayQ`. The
 pages are server-rendered (Jinja2, autoescaped: a payload or error holding
 ``<script>`` is shown as text); the charts are SVG drawn on the server. The
-one script is ``static/live.js`` (live refresh, pausable): the
+one script is ``static/live.js`` (live refresh, pausable; UTC or local times): the
 Content-Security-Policy allows scripts from this server only, never inline.
 
 Lateness over time comes from the most direct source available, and the

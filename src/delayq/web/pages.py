@@ -25,7 +25,8 @@ __all__ = ["REFRESH_SECONDS", "ROUTES"]
 
 REFRESH_SECONDS = 5
 """How often the overview, jobs and dead-letter pages refresh themselves
-(``static/live.js``; pausable in the page)."""
+(``static/live.js``; pausable in the page; it also switches the page's times
+between UTC and the browser's zone)."""
 
 _LIVE_JS = (Path(__file__).parent / "static" / "live.js").read_bytes()
 

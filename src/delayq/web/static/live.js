@@ -1,7 +1,12 @@
-// Live refresh for the dashboard's pages, allowed by the CSP as a same-origin
-// script (no inline code). Every few seconds it fetches the page again and
-// swaps in the elements marked data-live (counts, charts, tables), never the
-// forms being typed in. Pausable; the choice is kept in localStorage.
+// The dashboard's one script, allowed by the CSP as a same-origin script (no
+// inline code), loaded by every page.
+//
+// Live refresh: every few seconds it fetches the page again and swaps in the
+// elements marked data-live (counts, charts, tables), never the forms being
+// typed in. Pausable; the choice is kept in localStorage.
+//
+// Times: the server writes every time as UTC (<time data-epoch>); the header's
+// button shows them in this browser's zone instead, and back (kept too).
 (function () {
   "use strict";
   var KEY = "delayq.live";
@@ -42,6 +47,7 @@
             old.replaceWith(document.importNode(next, true));
           }
         });
+        document.dispatchEvent(new Event("delayq:refreshed"));
         status.textContent = "live, updated " + new Date().toLocaleTimeString();
         status.setAttribute("data-updated", String(Date.now()));
       })
@@ -65,4 +71,47 @@
     status.textContent = "live, every " + every / 1000 + " s";
   }
   window.setInterval(tick, every);
+})();
+
+(function () {
+  "use strict";
+  var KEY = "delayq.times";
+  var button = document.getElementById("times-toggle");
+  if (!button) {
+    return;
+  }
+  var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local";
+
+  function two(n) {
+    return (n < 10 ? "0" : "") + n;
+  }
+
+  function localText(epoch) {
+    var d = new Date(epoch * 1000);
+    return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " " +
+      two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds()) + " " + zone;
+  }
+
+  function apply() {
+    var local = window.localStorage.getItem(KEY) === "local";
+    document.querySelectorAll("time[data-epoch]").forEach(function (el) {
+      if (!el.hasAttribute("data-utc")) {
+        el.setAttribute("data-utc", el.textContent);
+      }
+      el.textContent = local ? localText(Number(el.getAttribute("data-epoch")))
+        : el.getAttribute("data-utc");
+    });
+    button.textContent = local ? "Times: " + zone : "Times: UTC";
+    button.setAttribute("aria-pressed", local ? "true" : "false");
+    button.title = local ? "Show times in UTC" : "Show times in " + zone;
+  }
+
+  button.hidden = false;
+  button.addEventListener("click", function () {
+    var local = window.localStorage.getItem(KEY) === "local";
+    window.localStorage.setItem(KEY, local ? "utc" : "local");
+    apply();
+  });
+  document.addEventListener("delayq:refreshed", apply);
+  apply();
 })();
