@@ -183,6 +183,63 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         oldest_reader=3,
     ),
+    Migration(
+        (),
+        # list_jobs of one handler name by state and due window
+        concurrent=(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_name_due "
+            "ON {s}.jobs (queue, name, state, run_at, seq)",
+        ),
+        oldest_reader=4,
+    ),
+    Migration(
+        (
+            # Flow control (_flow.py). New columns without a table rewrite (no default,
+            # or a constant one: metadata only); a job without flow fields keeps them
+            # NULL / 0 / false.
+            "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS flow_key text, "
+            "ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0, "
+            "ADD COLUMN IF NOT EXISTS flow_group text, "
+            # the due time of a job held back (run_at then says when to look again)
+            "ADD COLUMN IF NOT EXISTS flow_run_at double precision, "
+            "ADD COLUMN IF NOT EXISTS parked boolean NOT NULL DEFAULT false",
+            # limit records (LimitStore): delayq.flow.Limit.to_json() with a version
+            """CREATE TABLE IF NOT EXISTS {s}.limits (
+            queue   text NOT NULL,
+            pattern text NOT NULL,
+            data    text NOT NULL,
+            version integer NOT NULL,  -- 1 when created, +1 per write
+            PRIMARY KEY (queue, pattern)
+        )""",
+            # each key's rate state (the cell rate algorithm), written under the key's lock
+            """CREATE TABLE IF NOT EXISTS {s}.flow_keys (
+            queue    text NOT NULL,
+            key      text NOT NULL,
+            tat      double precision,  -- theoretical arrival time
+            promised double precision,  -- next moment to give a throttled job
+            PRIMARY KEY (queue, key)
+        )""",
+            # each group's claims so far (the groups' turns)
+            """CREATE TABLE IF NOT EXISTS {s}.flow_groups (
+            queue  text NOT NULL,
+            grp    text NOT NULL,
+            served bigint NOT NULL,
+            PRIMARY KEY (queue, grp)
+        )""",
+        ),
+        concurrent=(
+            # A job without flow fields is in none of these: a queue that never uses
+            # flow control pays nothing for them.
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_flow_due "
+            "ON {s}.jobs (queue, priority DESC, run_at, seq) WHERE state = 'scheduled' "
+            "AND (priority <> 0 OR flow_key IS NOT NULL OR flow_group IS NOT NULL)",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_flow_running "
+            "ON {s}.jobs (queue, flow_key) WHERE state = 'running' AND flow_key IS NOT NULL",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_parked "
+            "ON {s}.jobs (queue, flow_key, priority DESC, flow_run_at, seq) WHERE parked",
+        ),
+        oldest_reader=4,
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
