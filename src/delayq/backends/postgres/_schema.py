@@ -10,13 +10,20 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   statement triggers on ``jobs`` and summed up now and then (migration 3).
 * ``meta``: the server start the token sequence was last moved past (migration 3).
 * ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
+* ``jobs_name_due``: list_jobs of one handler name (migration 5).
+* flow control (migration 6, :mod:`._flow`): the jobs' ``flow_key``, ``priority``,
+  ``flow_group``, ``flow_run_at`` and ``parked`` columns and their partial indexes;
+  ``limits`` (limit records), ``flow_keys`` (each key's rate state) and
+  ``flow_groups`` (each group's claims so far); each queue's flags in ``meta``.
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
 :func:`migrate` applies the missing migrations in order, each in one
-transaction under a transaction-level advisory lock keyed on the schema name,
-with ``lock_timeout`` set (a lock that is not granted in time is given up and
-retried, instead of queueing every claim behind the migration); steps that
+transaction under a transaction-level advisory lock keyed on the schema name
+(a run holds the same lock for its session from its first migration to its
+last, concurrent steps included), with ``lock_timeout`` set (a lock that is not
+granted in time is given up and retried, instead of queueing every claim behind
+the migration); steps that
 cannot run in a transaction (``CREATE INDEX CONCURRENTLY``) run after it, one
 by one. Any number of processes may run it at once (``delayq migrate``, or
 every store opening with ``migrate=True``): they take turns, the first applies,
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +63,8 @@ _NOT_OURS = frozenset({"public", "information_schema"})
 _LOCK_TIMEOUT = "5s"  # a migration's wait for a table lock, then retried
 _ATTEMPTS = 20  # tries of one migration whose locks were not granted in time
 _PAUSE = 1.0  # seconds between them
+_SESSION_WAIT = 900.0  # seconds a run waits for another run of the same schema to finish
+_SESSION_PAUSE = 0.1  # seconds between tries of the migration lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,12 +305,38 @@ def migrate(conn: Any, schema: str) -> tuple[int, int]:
     if before is not None and before >= SCHEMA_VERSION:
         _check_readable(conn, schema, before)
         return before, before  # the common case: no lock, two index reads
-    found: int | None = None
+    _lock_session(conn, schema)
+    try:
+        found: int | None = None
+        while True:
+            done = _migrate_one(conn, schema)
+            found = done if found is None else found
+            if done >= SCHEMA_VERSION:
+                return found, SCHEMA_VERSION  # found under the lock: a concurrent run did it
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(schema),))
+
+
+def _lock_session(conn: Any, schema: str) -> None:
+    """Hold the schema's migration lock for the whole run, concurrent steps included.
+
+    A ``CREATE INDEX CONCURRENTLY`` waits for every transaction older than its
+    snapshot, so another run's migration transaction waiting for a lock (its
+    ``ALTER TABLE`` behind the index build) would deadlock with it. The lock is
+    therefore taken by trying, between tries holding no transaction and no
+    snapshot that the index build would wait for.
+    """
+    deadline = time.monotonic() + _SESSION_WAIT
     while True:
-        done = _migrate_one(conn, schema)
-        found = done if found is None else found
-        if done >= SCHEMA_VERSION:
-            return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock_key(schema),))
+        if row.fetchone()[0]:
+            return
+        if time.monotonic() >= deadline:
+            raise psycopg.errors.LockNotAvailable(
+                f"another process has been migrating schema {schema!r} for "
+                f"{_SESSION_WAIT:.0f}s: try again when it is done"
+            )
+        threading.Event().wait(_SESSION_PAUSE)  # (no clock here: a real pause between tries)
 
 
 def _migrate_one(conn: Any, schema: str) -> int:
