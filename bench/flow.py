@@ -5,6 +5,7 @@ concurrency limit's utilisation, and the cost of limits that do not bind.
 
     nice python -m bench.flow                      # memory and SQLite
     nice python -m bench.flow --stores sqlite --backlog 50000 --seconds 10
+    nice python -m bench.flow --stores postgres --only drain   # PostgreSQL at --postgres
 
 Noisy neighbour: group A has ``--backlog`` due jobs, group B schedules 20 jobs/s
 with 0-1 s delays for ``--seconds``; one in-process ``Worker(concurrency=8)``
@@ -18,6 +19,9 @@ worker of 8 threads (every thread could take one): the most running at once
 
 Cost: drain of ``--drain`` due jobs with no limit, and with a limit declared on
 every job's key (``concurrency`` far above what runs), in jobs/s.
+
+PostgreSQL runs in the benchmark database of :mod:`bench.postgres` (``delayq_bench``
+on the server at ``--postgres``), one schema per scenario, dropped afterwards.
 
 Numbers come with the load average (``os.getloadavg``): the machine is shared.
 """
@@ -38,9 +42,34 @@ from delayq.app import DelayQ
 from delayq.job import JobContext
 from delayq.worker import Worker
 
+_POSTGRES = {"server": "postgresql://postgres@127.0.0.1:5432/postgres"}
+
 
 def _url(store: str, tmp: Path, name: str) -> str:
-    return "memory://" if store == "memory" else f"sqlite:///{tmp / name}.db?synchronous=normal"
+    if store == "memory":
+        return "memory://"
+    if store == "postgres":
+        from bench.postgres import bench_database  # noqa: PLC0415 - PostgreSQL runs only
+
+        schema = "delayq_flow_" + "".join(c if c.isalnum() else "_" for c in name.lower())
+        url = bench_database(_POSTGRES["server"])
+        _drop_schema(url, schema)
+        return f"{url}?schema={schema}&queue=bench"
+    return f"sqlite:///{tmp / name}.db?synchronous=normal"
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    import psycopg  # noqa: PLC0415 - only the PostgreSQL runs need the driver
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _cleanup(store: str, url: str) -> None:
+    """Drop a PostgreSQL scenario's schema (the other stores' files go with the temp dir)."""
+    if store == "postgres":
+        base, _, query = url.partition("?")
+        _drop_schema(base, dict(p.split("=") for p in query.split("&"))["schema"])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -58,7 +87,8 @@ def _until(pred: Callable[[], bool], timeout: float) -> bool:
 
 
 def noisy_neighbour(store: str, tmp: Path, *, backlog: int, seconds: float, fair: bool) -> str:
-    app = DelayQ(_url(store, tmp, f"noisy-{fair}"))
+    url = _url(store, tmp, f"noisy-{fair}")
+    app = DelayQ(url)
     late_b: list[float] = []
     lock = threading.Lock()
 
@@ -90,6 +120,7 @@ def noisy_neighbour(store: str, tmp: Path, *, backlog: int, seconds: float, fair
     _until(lambda: len(late_b) >= sent, 120)
     worker.stop()
     app.close()
+    _cleanup(store, url)
     mode = "groups" if fair else "no groups"
     return (
         f"{store:7} noisy neighbour, {mode:9}: B lateness p50 {_pct(late_b, 0.5) * 1000:8.1f} ms"
@@ -99,7 +130,8 @@ def noisy_neighbour(store: str, tmp: Path, *, backlog: int, seconds: float, fair
 
 
 def concurrency_limit(store: str, tmp: Path) -> str:
-    app = DelayQ(_url(store, tmp, "concurrency"))
+    url = _url(store, tmp, "concurrency")
+    app = DelayQ(url)
     app.limit("k", concurrency=3)
     marks: list[tuple[float, int]] = []
     lock = threading.Lock()
@@ -117,6 +149,7 @@ def concurrency_limit(store: str, tmp: Path) -> str:
     _until(lambda: len(marks) >= 120, 120)
     worker.stop()
     app.close()
+    _cleanup(store, url)
     live = most = 0
     for _t, step in sorted(marks):
         live += step
@@ -135,10 +168,11 @@ def _releaser(done: threading.Semaphore) -> Callable[[Any], None]:
     return release
 
 
-def drain_cost(store: str, tmp: Path, jobs: int) -> str:
+def drain_cost(store: str, tmp: Path, jobs: int, *, limits: bool = True) -> str:
     rates = {}
-    for limited in (False, True):
-        app = DelayQ(_url(store, tmp, f"drain-{limited}"))
+    for limited in (False, True) if limits else (False,):
+        url = _url(store, tmp, f"drain-{limited}")
+        app = DelayQ(url)
         done = threading.Semaphore(0)
 
         app.register("n", _releaser(done))
@@ -159,6 +193,9 @@ def drain_cost(store: str, tmp: Path, jobs: int) -> str:
         rates[limited] = jobs / (time.monotonic() - t0)
         worker.stop()
         app.close()
+        _cleanup(store, url)
+    if not limits:
+        return f"{store:7} drain {jobs}: no limits {rates[False]:7.0f}/s"
     return (
         f"{store:7} drain {jobs}: no limits {rates[False]:7.0f}/s, limits declared, "
         f"not binding {rates[True]:7.0f}/s ({rates[True] / rates[False] * 100:.0f}%)"
@@ -171,20 +208,41 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=50_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--drain", type=int, default=20_000)
+    parser.add_argument(
+        "--only", default=None, help="comma-separated scenarios: noisy, concurrency, drain, plain"
+    )
+    parser.add_argument("--postgres", default=_POSTGRES["server"], help="PostgreSQL server URL")
     args = parser.parse_args()
+    _POSTGRES["server"] = args.postgres
     with tempfile.TemporaryDirectory() as tmp:
         for store in args.stores.split(","):
             _run_store(store, Path(tmp), args)
 
 
 def _run_store(store: str, tmp: Path, args: argparse.Namespace) -> None:
-    scenarios: list[Callable[[], str]] = [
-        lambda: noisy_neighbour(store, tmp, backlog=args.backlog, seconds=args.seconds, fair=True),
-        lambda: noisy_neighbour(store, tmp, backlog=args.backlog, seconds=args.seconds, fair=False),
-        lambda: concurrency_limit(store, tmp),
-        lambda: drain_cost(store, tmp, args.drain),
+    scenarios: list[tuple[str, Callable[[], str]]] = [
+        (
+            "noisy",
+            lambda: noisy_neighbour(
+                store, tmp, backlog=args.backlog, seconds=args.seconds, fair=True
+            ),
+        ),
+        (
+            "noisy",
+            lambda: noisy_neighbour(
+                store, tmp, backlog=args.backlog, seconds=args.seconds, fair=False
+            ),
+        ),
+        ("concurrency", lambda: concurrency_limit(store, tmp)),
+        ("drain", lambda: drain_cost(store, tmp, args.drain)),
+        # the no-limit drain alone (a store or version without flow control)
+        ("plain", lambda: drain_cost(store, tmp, args.drain, limits=False)),
     ]
-    for scenario in scenarios:
+    wanted = None if args.only is None else set(args.only.split(","))
+    for name, scenario in scenarios:
+        skip = name == "plain" if wanted is None else name not in wanted
+        if skip:
+            continue
         line = scenario()
         print(f"{line}   [load {os.getloadavg()[0]:.1f}]", flush=True)
 

@@ -355,8 +355,8 @@ class JobBuilder:
         ):
             raise InvalidOption(
                 f"key=, priority= and group= need a store with flow control; "
-                f"{self._no_flow_control} has none (memory://, sqlite://, redis://; "
-                f"see the README's store table)"
+                f"{self._no_flow_control} has none (memory://, sqlite://, redis://, "
+                f"postgresql://; see the README's store table)"
             )
         return fields
 

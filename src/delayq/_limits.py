@@ -27,8 +27,8 @@ class AppLimits:
         if "flow_control" not in backend.features or not isinstance(backend, LimitStore):
             raise Unsupported(
                 f"{backend.url} has no flow control: limits need a store with the "
-                f"'flow_control' feature (memory://, sqlite://, redis://; see the README's "
-                f"store table)"
+                f"'flow_control' feature (memory://, sqlite://, redis://, postgresql://; "
+                f"see the README's store table)"
             )
         return backend
 

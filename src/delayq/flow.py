@@ -34,12 +34,14 @@ from delayq.errors import InvalidOption
 __all__ = [
     "MAX_FLOW_KEY_LENGTH",
     "MAX_PRIORITY",
+    "Admissions",
     "Limit",
     "LimitRecord",
     "Rate",
     "admit_rate",
     "check_flow_key",
     "check_priority",
+    "group_turns",
     "pick_limit",
 ]
 
@@ -262,3 +264,107 @@ def admit_rate(tat: float | None, now: float, rate: Rate, burst: int) -> tuple[b
     if allowed_at > now:
         return False, allowed_at
     return True, arrival + interval
+
+
+RateState = tuple[float | None, float | None]
+"""A key's stored rate state: (theoretical arrival time, next moment promised to a
+throttled job); None where never set."""
+
+
+class Admissions:
+    """One claim step's decisions on the keys it meets, for a store that reads the
+    keys' state (live leases, rate state) first and writes back :meth:`rate_rows`.
+
+    ``running`` and ``rates`` hold what the store read; a key missing from them
+    is asked of :meth:`_load_running` / :meth:`_load_rate` (a store that reads
+    lazily overrides them; by default a missing key has none). A job over the
+    rate is given the next free moment after those already promised to the key's
+    other throttled jobs, so a backlog is spread over the coming slots.
+    """
+
+    def __init__(
+        self,
+        limits: list[Limit],
+        running: dict[str, int] | None = None,
+        rates: dict[str, RateState] | None = None,
+    ) -> None:
+        self._limits = limits
+        self._by_key: dict[str, Limit | None] = {}
+        self._running = {} if running is None else running
+        self._rates = {} if rates is None else rates
+        self._dirty: set[str] = set()
+
+    def _load_running(self, key: str) -> int:
+        return 0
+
+    def _load_rate(self, key: str) -> RateState:
+        return None, None
+
+    def seed(self, key: str, running: int, rate: RateState) -> None:
+        """What the store read of ``key`` (its live leases and rate state)."""
+        self._running[key] = running
+        self._rates[key] = rate
+
+    def limit_of(self, key: str) -> Limit | None:
+        if key not in self._by_key:
+            self._by_key[key] = pick_limit(self._limits, key)
+        return self._by_key[key]
+
+    def running(self, key: str) -> int:
+        if key not in self._running:
+            self._running[key] = self._load_running(key)
+        return self._running[key]
+
+    def _rate(self, key: str) -> RateState:
+        if key not in self._rates:
+            self._rates[key] = self._load_rate(key)
+        return self._rates[key]
+
+    def room(self, key: str) -> int | None:
+        """How many more jobs of ``key`` may hold a lease (None: no bound)."""
+        limit = self.limit_of(key)
+        if limit is None or limit.concurrency is None:
+            return None
+        return max(0, limit.concurrency - self.running(key))
+
+    def decide(self, key: str, now: float) -> tuple[bool, float | None]:
+        """(may start now; else its next allowed time, or None: at its concurrency)."""
+        limit = self.limit_of(key)
+        if limit is None:
+            return True, None
+        if limit.concurrency is not None and self.running(key) >= limit.concurrency:
+            return False, None
+        if limit.rate is not None:
+            tat, promised = self._rate(key)
+            allowed, at = admit_rate(tat, now, limit.rate, limit.burst)
+            if not allowed:
+                at = max(at, promised if promised is not None else at)
+                self._rates[key] = (tat, at + limit.rate.interval)
+                self._dirty.add(key)
+                return False, at
+        return True, None
+
+    def start(self, key: str, now: float) -> None:
+        """Record a start :meth:`decide` allowed: a lease and a rate step."""
+        self._running[key] = self.running(key) + 1
+        limit = self.limit_of(key)
+        if limit is not None and limit.rate is not None:
+            tat, promised = self._rate(key)
+            _ok, new_tat = admit_rate(tat, now, limit.rate, limit.burst)
+            self._rates[key] = (new_tat, promised)
+            self._dirty.add(key)
+
+    def rate_rows(self) -> list[tuple[str, float | None, float | None]]:
+        """The rate states this step changed: ``(key, tat, promised)``, by key."""
+        return [(key, *self._rates[key]) for key in sorted(self._dirty)]
+
+
+def group_turns(served: dict[str, int]) -> dict[str, int]:
+    """Each group's place in the turn from its claims so far: the fewest claims go
+    first, and a group that was away (far fewer claims) joins just behind the
+    others rather than taking every turn until it caught up. A store orders a
+    group's ``n``-th due job (``n`` from 0) at ``turn + n``."""
+    if not served:
+        return {}
+    top = max(served.values())
+    return {group: max(count, top - 1) for group, count in served.items()}

@@ -61,9 +61,8 @@ SKIPPED: dict[str, frozenset[str]] = {
     "sqlite": frozenset(),
     # keyed calls are not in this store yet
     "redis": KEYED,
-    # flow control is not in this store yet
-    "postgres": FLOW_CONTROL
-    | KEYED
+    # keyed calls are not in this store yet
+    "postgres": KEYED
     | frozenset(
         {
             # attempts counted at claim, not from a recorded start (no attempt_at_start yet)

@@ -13,19 +13,29 @@ import pytest
 
 from delayq.app import DelayQ
 from tests.conftest import service_missing
+from tests.postgres_support import POSTGRES_URL, app_name, pg_schema
 from tests.redis_support import REDIS_URL, redis_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 3
 
 
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'jobs.db'}"
     elif request.param == "redis":
         with redis_prefix() as prefix:
             yield f"{REDIS_URL}?prefix={prefix}"
+    elif request.param == "postgres":
+        with pg_schema() as schema:
+            yield f"{POSTGRES_URL}?schema={schema}&application_name={app_name(schema)}"
     else:  # pragma: no cover - every store with flow control gets a branch here
         service_missing(request.param, "no such store")
 

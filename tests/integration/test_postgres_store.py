@@ -216,6 +216,8 @@ _PARAMS: dict[str, Any] = {
     "all": True,
     "name": "test.job",
     "after_id": "s5",
+    "flow_flag": "flow:default",
+    "groups_flag": "flow_groups:default",
 }
 
 

@@ -61,6 +61,8 @@ class _Store(Protocol):
 
     def _insert_params(self, specs: Sequence[JobSpec]) -> dict[str, Any]: ...
 
+    def _flow_marked(self, specs: Sequence[JobSpec]) -> bool: ...
+
     def _verdict(self, row: tuple[Any, ...] | None) -> str | None: ...
 
     def enqueue(
@@ -140,6 +142,8 @@ class AsyncProducer:
         specs = [check_spec(spec) for spec in jobs]
         if not specs:
             return []
+        if not store._flow_marked(specs):  # the queue's flow flags first: the sync path
+            return await asyncio.to_thread(store.enqueue, specs, on_conflict=on_conflict)
         params = store._insert_params(specs)
         async with self._conn("enqueueing") as conn:
             cur = conn.cursor(row_factory=tuple_row)

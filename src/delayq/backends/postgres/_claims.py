@@ -33,6 +33,8 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.postgres._batch import CompletionBatch
+from delayq.backends.postgres._flow import claim_rows, flags
+from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
 from delayq.clock import Clock
@@ -53,6 +55,8 @@ Cursor = psycopg.Cursor[Row]
 class _Store(Protocol):
     queue: str
     _sql: Statements
+    _flow_sql: FlowStatements
+    _flow_seen: set[str]
     _clock: Clock
     _dead_ttl: float | None
     _result_ttl: float
@@ -121,12 +125,14 @@ class PostgresClaims:
     def _claim_once(self: _Store, params: dict[str, Any]) -> list[Claim]:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
+            if params["flow_flag"] in self._flow_seen:
+                return PostgresClaims._flow_claim(self, conn, params)
             mark = self._mark()
             committed = False
             times: Cursor | None = None
             try:
                 with _pipeline(conn) as pipe:
-                    cur = PostgresClaims._send_claim(self, conn, params)
+                    cur, flagged = PostgresClaims._send_claim(self, conn, params)
                     if mark is not None:
                         pipe.sync()  # the claim commits: the read below sees its effect
                         committed = True
@@ -137,7 +143,30 @@ class PostgresClaims:
                 PostgresClaims._lost_hint(self, exc)  # the claims stand: never raise after a commit
             else:
                 self._set_hint(mark, times)
-            return PostgresClaims._claims(self, conn, cur.fetchall())
+            claims = PostgresClaims._claims(self, conn, cur.fetchall())
+            if not claims and PostgresClaims._flow_in_use(self, flagged):
+                return PostgresClaims._flow_claim(self, conn, params)  # it has just begun
+            return claims
+
+    def _flow_in_use(self: _Store, flagged: Cursor | None) -> bool:
+        """Whether the flags read after a plain claim say the queue uses flow
+        control (remembered: the flags are never removed)."""
+        found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
+        self._flow_seen.update(found)
+        return bool(found)
+
+    def _flow_claim(
+        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
+    ) -> list[Claim]:
+        """The claim of a queue that uses flow control (``_flow.claim_rows``): one
+        transaction with the lease recovery."""
+        with conn.transaction():
+            conn.execute(_NO_DISK_WAIT)
+            conn.execute(self._sql.recover, params)
+            rows, throttled = claim_rows(conn, self._flow_sql, params)
+        self._set_hint(None, None)  # the next wait reads the schedule itself
+        self._told(conn, throttled)
+        return PostgresClaims._claims(self, conn, rows, ordered=True)
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` with one statement (one transaction);
@@ -176,8 +205,14 @@ class PostgresClaims:
     def _answers(
         self: _Store, sent: CompletionBatch, rows: list[Row], repeated: bool
     ) -> tuple[list[StaleClaim | None], float | None]:
+        """Each completion's answer, and the earliest due time the batch made (its
+        retries and releases, and the parked jobs a freed slot gave back)."""
         keys = sent.keys() if repeated else self._unsure_among(sent.keys())
-        return sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
+        results, at = sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
+        back = rows[0][7] if rows else None  # the same in every row
+        if back is not None:
+            at = back if at is None else min(at, back)
+        return results, at
 
     def complete_and_claim(
         self: _Store, batch: Sequence[Completion], *, limit: int, lease: float
@@ -211,6 +246,8 @@ class PostgresClaims:
         items, limit = sent.items, params["limit"]
         with self._conn("completing and claiming") as conn:
             PostgresClaims._purge(self, conn, params)
+            if limit and params["flow_flag"] in self._flow_seen:
+                return PostgresClaims._flow_complete_and_claim(self, conn, sent, params, repeated)
             mark = self._mark() if limit else None
             committed = False
             times: Cursor | None = None
@@ -219,7 +256,9 @@ class PostgresClaims:
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
                         done.execute(self._sql.complete, self._params(**sent.params()))
-                    claimed = PostgresClaims._send_claim(self, conn, params) if limit else None
+                    claimed, flagged = (
+                        PostgresClaims._send_claim(self, conn, params) if limit else (None, None)
+                    )
                     if mark is not None:
                         pipe.sync()  # commit first: the read below sees its effect
                         committed = True
@@ -246,7 +285,43 @@ class PostgresClaims:
                 else ([], None)
             )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
+            if claimed is not None and not claims and PostgresClaims._flow_in_use(self, flagged):
+                claims = PostgresClaims._flow_claim(self, conn, params)  # it has just begun
             self._told(conn, at)
+        return results, claims
+
+    def _flow_complete_and_claim(
+        self: _Store,
+        conn: psycopg.Connection[Any],
+        sent: CompletionBatch,
+        params: dict[str, Any],
+        repeated: bool,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete_and_claim`` in a queue that uses flow control: the completions
+        and the flow claim in one transaction (the claim sees the slots they freed).
+        If the claim part fails, the batch is completed on its own."""
+        try:
+            with conn.transaction():
+                conn.execute(_NO_DISK_WAIT)
+                done = conn.cursor(row_factory=tuple_row)
+                if sent.items:
+                    done.execute(self._sql.complete, self._params(**sent.params()))
+                    finished = done.fetchall()
+                conn.execute(self._sql.recover, params)
+                rows, throttled = claim_rows(conn, self._flow_sql, params)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            log.warning("delayq: claim after complete failed (%s); completing alone", exc)
+            return PostgresClaims._complete_on(self, conn, sent, repeated), []
+        self._set_hint(None, None)
+        results, at = (
+            PostgresClaims._answers(self, sent, finished, repeated) if sent.items else ([], None)
+        )
+        claims = PostgresClaims._claims(self, conn, rows, ordered=True)
+        self._told(
+            conn, at if throttled is None or (at is not None and at < throttled) else throttled
+        )
         return results, claims
 
     def extend(self: _Store, claim: Claim, lease: float) -> Claim:
@@ -275,15 +350,26 @@ class PostgresClaims:
     # -- parts ------------------------------------------------------------------
     def _claim_params(self: _Store, limit: int, lease: float, now: float | None) -> dict[str, Any]:
         return self._params(
-            now, limit=limit, lease=lease, max_recover=_MAX_RECOVER, req=uuid.uuid4()
+            now,
+            limit=limit,
+            lease=lease,
+            max_recover=_MAX_RECOVER,
+            req=uuid.uuid4(),
+            ns=f"delayq.flow.{self._sql.schema}.{self.queue}:",
+            **flags(self.queue),
         )
 
-    def _send_claim(self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]) -> Cursor:
-        """Queue the lease recovery and the claim (inside a pipeline); the claim's cursor."""
+    def _send_claim(
+        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
+    ) -> tuple[Cursor, Cursor]:
+        """Queue the lease recovery, the plain claim and the read of the queue's flow
+        flags (inside a pipeline); the claim's and the flags' cursors."""
         conn.execute(self._sql.recover, params)
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(self._sql.claim, params)
-        return cur
+        flagged = conn.cursor(row_factory=tuple_row)
+        flagged.execute(self._sql.flow_flags, params)
+        return cur, flagged
 
     def _lost_hint(self: _Store, exc: BaseException) -> None:
         """The read after a committed claim failed: the next wait reads the schedule itself."""
@@ -301,8 +387,11 @@ class PostgresClaims:
         cur.execute(self._sql.wake_times, params)
         return cur
 
-    def _claims(self: _Store, conn: psycopg.Connection[Any], rows: list[Row]) -> list[Claim]:
-        rows.sort(key=lambda r: (r[3], r[15]))  # (run_at, seq): RETURNING has no order
+    def _claims(
+        self: _Store, conn: psycopg.Connection[Any], rows: list[Row], *, ordered: bool = False
+    ) -> list[Claim]:
+        if not ordered:
+            rows.sort(key=lambda r: (r[3], r[15]))  # (run_at, seq): RETURNING has no order
         claims: list[Claim] = []
         for row in rows:
             try:

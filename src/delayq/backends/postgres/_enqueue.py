@@ -21,6 +21,7 @@ from psycopg.rows import tuple_row
 
 from delayq.backends._common import TTL_STATES, check_spec, conflict_error, resolve_conflicts
 from delayq.backends.postgres._connection import caller_connection, mapped
+from delayq.backends.postgres._flow import uses_flow
 from delayq.backends.postgres._sql import Statements
 from delayq.errors import InvalidOption, JobConflict
 from delayq.job import EnqueueOutcome, JobSpec, JobState, OnConflict, check_on_conflict
@@ -41,6 +42,10 @@ class _Store(Protocol):
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
 
     def _same_database(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    def _mark_flow(
+        self, conn: psycopg.Connection[Any], *, groups: bool, committed: bool = False
+    ) -> None: ...
 
 
 class PostgresEnqueue:
@@ -69,6 +74,9 @@ class PostgresEnqueue:
         if not specs:
             return []
         with self._conn("enqueueing") as conn:
+            flow, groups = uses_flow(specs)
+            if flow:  # committed before the jobs: no claim of them ignores their fields
+                self._mark_flow(conn, groups=groups, committed=True)
             params = PostgresEnqueue._insert_params(self, specs)
             try:
                 rows = conn.cursor(row_factory=tuple_row).execute(self._sql.insert, params)
@@ -112,6 +120,9 @@ class PostgresEnqueue:
     def _enqueue_joined(
         self: _Store, conn: psycopg.Connection[Any], specs: list[JobSpec], on_conflict: OnConflict
     ) -> list[EnqueueOutcome]:
+        flow, groups = uses_flow(specs)
+        if flow:  # committed with the jobs
+            self._mark_flow(conn, groups=groups)
         outcomes, created = PostgresEnqueue._enqueue_slow(self, conn, specs, on_conflict)
         at = min((r[1] for r in created), default=None)
         if at is not None:
@@ -135,6 +146,9 @@ class PostgresEnqueue:
             backoffs=[json.dumps(s.backoff, separators=(",", ":")) for s in specs],
             misfires=[s.misfire for s in specs],
             created=[float(s.created_at or 0.0) for s in specs],
+            keys=[s.key for s in specs],
+            priorities=[s.priority for s in specs],
+            groups=[s.group for s in specs],
         )
 
     def _enqueue_slow(

@@ -32,7 +32,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         id=row[0],
         name=row[1],
         payload=decode_payload(row[2]) if strict else readable_json(row[2]),
-        run_at=row[3],
+        run_at=row[3] if row[19] is None else row[19],
         state=JobState(row[4]),
         attempts=row[5],
         max_attempts=row[6],
@@ -43,6 +43,11 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         last_error=row[11],
         outcome=row[12],
         lease_until=row[13],
+        key=row[16],
+        priority=row[17],
+        group=row[18],
+        # held back over its key's rate: run_at is its next allowed time
+        throttled_until=row[3] if row[19] is not None and not row[20] else None,
     )
 
 

@@ -12,16 +12,22 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
 * ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
 * ``jobs_name``: an index for listing one handler's jobs by state and due time, built
   with ``CREATE INDEX CONCURRENTLY`` (migration 5).
-* ``workers``: worker heartbeats by ``(queue, id)`` (migration 6).
+* flow control (migration 6, :mod:`._flow`): the jobs' ``flow_key``, ``priority``,
+  ``flow_group``, ``flow_run_at`` and ``parked`` columns and their partial indexes;
+  ``limits`` (limit records), ``flow_keys`` (each key's rate state) and
+  ``flow_groups`` (each group's claims so far); each queue's flags in ``meta``.
+* ``workers``: worker heartbeats by ``(queue, id)`` (migration 7).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
 :func:`migrate` applies the missing migrations in order, each in one
-transaction under a transaction-level advisory lock keyed on the schema name,
-with ``lock_timeout`` set (a lock that is not granted in time is given up and
-retried, instead of queueing every claim behind the migration); steps that
+transaction under a transaction-level advisory lock keyed on the schema name
+(a run holds the same lock for its session from its first migration to its
+last, concurrent steps included), with ``lock_timeout`` set (a lock that is not
+granted in time is given up and retried, instead of queueing every claim behind
+the migration); steps that
 cannot run in a transaction (``CREATE INDEX CONCURRENTLY``) run after it, one
-by one, under a session advisory lock; an index such a build left invalid (its
+by one, still under the run's lock; an index such a build left invalid (its
 process died or was cancelled mid-build) is dropped and built again by the next
 :func:`migrate`, which checks the indexes of the applied migrations on every call
 (one catalog query). Any number of processes may run it at once (``delayq migrate``, or
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +68,8 @@ _NOT_OURS = frozenset({"public", "information_schema"})
 _LOCK_TIMEOUT = "5s"  # a migration's wait for a table lock, then retried
 _ATTEMPTS = 20  # tries of one migration whose locks were not granted in time
 _PAUSE = 1.0  # seconds between them
-_INDEX_TRIES = 600  # of the index builds' lock, _PAUSE / 5 apart (two minutes)
+_SESSION_WAIT = 900.0  # seconds a run waits for another run of the same schema to finish
+_SESSION_PAUSE = 0.1  # seconds between tries of the migration lock
 _INDEX = re.compile(r"CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+) ")
 
 
@@ -203,6 +211,54 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         (
+            # Flow control (_flow.py). New columns without a table rewrite (no default,
+            # or a constant one: metadata only); a job without flow fields keeps them
+            # NULL / 0 / false.
+            "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS flow_key text, "
+            "ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0, "
+            "ADD COLUMN IF NOT EXISTS flow_group text, "
+            # the due time of a job held back (run_at then says when to look again)
+            "ADD COLUMN IF NOT EXISTS flow_run_at double precision, "
+            "ADD COLUMN IF NOT EXISTS parked boolean NOT NULL DEFAULT false",
+            # limit records (LimitStore): delayq.flow.Limit.to_json() with a version
+            """CREATE TABLE IF NOT EXISTS {s}.limits (
+            queue   text NOT NULL,
+            pattern text NOT NULL,
+            data    text NOT NULL,
+            version integer NOT NULL,  -- 1 when created, +1 per write
+            PRIMARY KEY (queue, pattern)
+        )""",
+            # each key's rate state (the cell rate algorithm), written under the key's lock
+            """CREATE TABLE IF NOT EXISTS {s}.flow_keys (
+            queue    text NOT NULL,
+            key      text NOT NULL,
+            tat      double precision,  -- theoretical arrival time
+            promised double precision,  -- next moment to give a throttled job
+            PRIMARY KEY (queue, key)
+        )""",
+            # each group's claims so far (the groups' turns)
+            """CREATE TABLE IF NOT EXISTS {s}.flow_groups (
+            queue  text NOT NULL,
+            grp    text NOT NULL,
+            served bigint NOT NULL,
+            PRIMARY KEY (queue, grp)
+        )""",
+        ),
+        concurrent=(
+            # A job without flow fields is in none of these: a queue that never uses
+            # flow control pays nothing for them.
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_flow_due "
+            "ON {s}.jobs (queue, priority DESC, run_at, seq) WHERE state = 'scheduled' "
+            "AND (priority <> 0 OR flow_key IS NOT NULL OR flow_group IS NOT NULL)",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_flow_running "
+            "ON {s}.jobs (queue, flow_key) WHERE state = 'running' AND flow_key IS NOT NULL",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_parked "
+            "ON {s}.jobs (queue, flow_key, priority DESC, flow_run_at, seq) WHERE parked",
+        ),
+        oldest_reader=4,
+    ),
+    Migration(
+        (
             # Worker heartbeats (WorkerRegistry): one row per live worker, stamped
             # with the server's clock; a handful of rows per queue.
             """CREATE TABLE IF NOT EXISTS {s}.workers (
@@ -267,17 +323,52 @@ def migrate(conn: Any, schema: str) -> tuple[int, int]:
     rolls it back and it is tried again (:data:`_ATTEMPTS` times).
     """
     before = current_version(conn, schema)
+    indexes = tuple(st for m in MIGRATIONS[:SCHEMA_VERSION] for st in m.concurrent)
     if before is not None and before >= SCHEMA_VERSION:
         _check_readable(conn, schema, before)
-        _repair_indexes(conn, schema)
-        return before, before  # the common case: no lock, three index reads
-    found: int | None = None
+        if not _invalid_indexes(conn, schema, indexes):
+            return before, before  # the common case: no lock, three index reads
+        if not _lock_session(conn, schema, wait=False):
+            return before, before  # another run holds it (building them now, maybe)
+    else:
+        _lock_session(conn, schema)
+    try:
+        found: int | None = None
+        while True:
+            done = _migrate_one(conn, schema)
+            found = done if found is None else found
+            if done >= SCHEMA_VERSION:
+                # an index a run that died mid-build left invalid or missing
+                _build_indexes(conn, schema, indexes)
+                if before is not None and before >= SCHEMA_VERSION:
+                    return before, before
+                return found, SCHEMA_VERSION  # found under the lock: a concurrent run did it
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(schema),))
+
+
+def _lock_session(conn: Any, schema: str, *, wait: bool = True) -> bool:
+    """Hold the schema's migration lock for the whole run, concurrent steps included.
+
+    A ``CREATE INDEX CONCURRENTLY`` waits for every transaction older than its
+    snapshot, so another run's migration transaction waiting for a lock (its
+    ``ALTER TABLE`` behind the index build) would deadlock with it. The lock is
+    therefore taken by trying, between tries holding no transaction and no
+    snapshot that the index build would wait for.
+    """
+    deadline = time.monotonic() + _SESSION_WAIT
     while True:
-        done = _migrate_one(conn, schema)
-        found = done if found is None else found
-        if done >= SCHEMA_VERSION:
-            _repair_indexes(conn, schema)  # a concurrent run may have died mid-build
-            return found, SCHEMA_VERSION  # found under the lock: a concurrent run may have done it
+        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock_key(schema),))
+        if row.fetchone()[0]:
+            return True
+        if not wait:
+            return False
+        if time.monotonic() >= deadline:
+            raise psycopg.errors.LockNotAvailable(
+                f"another process has been migrating schema {schema!r} for "
+                f"{_SESSION_WAIT:.0f}s: try again when it is done"
+            )
+        threading.Event().wait(_SESSION_PAUSE)  # (no clock here: a real pause between tries)
 
 
 def _migrate_one(conn: Any, schema: str) -> int:
@@ -334,39 +425,19 @@ def _invalid_indexes(conn: Any, schema: str, statements: tuple[str, ...]) -> set
 
 
 def _build_indexes(conn: Any, schema: str, statements: tuple[str, ...]) -> None:
-    """Run a migration's ``CREATE INDEX CONCURRENTLY`` steps, one process at a time
-    (a session advisory lock: a build in progress looks invalid too, and must not be
-    dropped), dropping first what an interrupted build left invalid."""
+    """Run ``CREATE INDEX CONCURRENTLY`` steps under the run's lock (a build in
+    progress looks invalid too: only the lock holder may drop one), skipping the
+    indexes that exist and are valid, dropping first what an interrupted build
+    left invalid."""
     s = quoted(schema)
-    key = lock_key(schema) + ":indexes"
-    # Tried, not waited for: a statement waiting on the lock would hold a snapshot
-    # that the holder's CREATE INDEX CONCURRENTLY waits out (a deadlock).
-    for _ in range(_INDEX_TRIES):
-        row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()
-        if row is not None and row[0]:
-            break
-        threading.Event().wait(_PAUSE / 5)  # another process builds them now
-    else:
-        return  # still building elsewhere: the next migrate checks them again
-    try:
-        wanted = _invalid_indexes(conn, schema, statements)  # under the lock: settled
-        for statement in statements:
-            match = _INDEX.match(statement)
-            if match is not None and match.group(1) not in wanted:
-                continue  # built and valid
-            if match is not None:
-                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {s}.{match.group(1)}")
-            conn.execute(statement.format(s=s))
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
-
-
-def _repair_indexes(conn: Any, schema: str) -> None:
-    """Build again any index of the migrations that is missing or invalid (its build
-    was interrupted after its migration was recorded)."""
-    statements = tuple(st for m in MIGRATIONS for st in m.concurrent)
-    if _invalid_indexes(conn, schema, statements):
-        _build_indexes(conn, schema, statements)
+    wanted = _invalid_indexes(conn, schema, statements)
+    for statement in statements:
+        match = _INDEX.match(statement)
+        if match is not None and match.group(1) not in wanted:
+            continue  # built and valid
+        if match is not None:
+            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {s}.{match.group(1)}")
+        conn.execute(statement.format(s=s))
 
 
 def _check_readable(conn: Any, schema: str, found: int) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from delayq.backends.postgres._schema import quoted
 
-__all__ = ["COLUMNS", "CUTOFF", "NOW", "Statements"]
+__all__ = ["COLUMNS", "CUTOFF", "FLOW_JOB", "NOW", "PARKED_AT", "Statements"]
 
 NOW = "coalesce(%(now)s::float8, extract(epoch FROM statement_timestamp())::float8)"
 """The time of a statement: the caller's ``now`` or the server's statement time.
@@ -29,11 +29,19 @@ CUTOFF = f"({NOW} - %(ttl)s::float8)"
 
 COLUMNS = (
     "id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
-    "created_at, updated_at, last_error, outcome, lease_until, token, seq"
+    "created_at, updated_at, last_error, outcome, lease_until, token, seq, "
+    "flow_key, priority, flow_group, flow_run_at, parked"
 )
 """The columns every job-reading statement returns, in :func:`_rows.to_job` order."""
 
 _TTL = "('succeeded', 'cancelled', 'skipped')"
+
+PARKED_AT = "'Infinity'::float8"
+"""``run_at`` of a parked job (its key is at its concurrency limit): past every
+real time, so the due-order reads never reach it (its due time is ``flow_run_at``)."""
+
+FLOW_JOB = "(priority <> 0 OR flow_key IS NOT NULL OR flow_group IS NOT NULL)"
+"""A job that uses flow control: the predicate of the partial index ``jobs_flow_due``."""
 
 
 # The lease-expiry messages of _common.lease_expired_error / lease_expired_note,
@@ -91,6 +99,7 @@ class Statements:
     notify: str
     recover: str
     claim: str
+    flow_flags: str
     claimed_by: str
     purge: str
     purge_dead_letters: str
@@ -117,6 +126,7 @@ class Statements:
         jobs = f"{quoted(schema)}.jobs"
         tokens = f"{quoted(schema)}.tokens"
         counts = f"{quoted(schema)}.counts"
+        meta = f"{quoted(schema)}.meta"
         not_expired = f"NOT (state IN {_TTL} AND updated_at <= {CUTOFF})"
         # list_jobs' keyset cursor: the job after (run_at, seq) of the cursor's job;
         # gone, its seq counts as 0 (a page may repeat, never skip).
@@ -125,18 +135,22 @@ class Statements:
                                          WHERE queue = %(q)s AND id = %(after_id)s::text), 0)))"""
         insert = f"""
                 INSERT INTO {jobs} (queue, id, name, payload, run_at, state, max_attempts,
-                                    backoff, misfire, created_at, updated_at)
+                                    backoff, misfire, created_at, updated_at,
+                                    flow_key, priority, flow_group)
                 SELECT %(q)s, v.id, v.name, v.payload,
                        CASE WHEN v.delay IS NULL THEN v.run_at
                             ELSE {NOW} + greatest(v.delay, 0) END,
                        'scheduled', v.max_attempts, v.backoff, v.misfire,
-                       CASE WHEN v.created_at > 0 THEN v.created_at ELSE {NOW} END, {NOW}
+                       CASE WHEN v.created_at > 0 THEN v.created_at ELSE {NOW} END, {NOW},
+                       v.flow_key, v.priority, v.flow_group
                 FROM unnest(%(ids)s::text[], %(names)s::text[], %(payloads)s::text[],
                             %(run_ats)s::float8[], %(delays)s::float8[],
                             %(max_attempts)s::int[], %(backoffs)s::text[],
-                            %(misfires)s::text[], %(created)s::float8[])
+                            %(misfires)s::text[], %(created)s::float8[],
+                            %(keys)s::text[], %(priorities)s::int[], %(groups)s::text[])
                      WITH ORDINALITY AS v(id, name, payload, run_at, delay, max_attempts,
-                                          backoff, misfire, created_at, ord)
+                                          backoff, misfire, created_at, flow_key, priority,
+                                          flow_group, ord)
                 ORDER BY v.ord"""
         existing = (
             f"SELECT id, state, state IN {_TTL} AND updated_at <= {CUTOFF} FROM {jobs} "
@@ -197,11 +211,13 @@ class Statements:
                     ORDER BY lease_until LIMIT %(max_recover)s
                     FOR UPDATE SKIP LOCKED)""",
             # The claim: due jobs in (run_at, seq) order, locked with SKIP LOCKED and
-            # leased with a fresh fencing token in the same statement.
+            # leased with a fresh fencing token in the same statement. Not in a queue
+            # that uses flow control (its meta flag): _flow.py claims there.
             claim=f"""
                 WITH due AS (
                     SELECT id FROM {jobs}
                     WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}
+                      AND NOT EXISTS (SELECT 1 FROM {meta} WHERE key = %(flow_flag)s)
                     ORDER BY run_at, seq
                     LIMIT %(limit)s
                     FOR UPDATE SKIP LOCKED)
@@ -213,7 +229,11 @@ class Statements:
                 WHERE j.queue = %(q)s AND j.id = due.id
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
-                          j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+                          j.last_error, j.outcome, j.lease_until, j.token, j.seq,
+                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked""",
+            # Whether the queue uses flow control, read after the claim (its flags in
+            # meta are never removed: the claim above saw them unless this sees them).
+            flow_flags=f"SELECT key FROM {meta} WHERE key IN (%(flow_flag)s, %(groups_flag)s)",
             # The jobs one claim call (its request id) leased and still holds, their
             # leases renewed: its retry after a lost reply returns them instead of
             # leaving them leased to nobody (the running rows, through jobs_lease).
@@ -254,7 +274,7 @@ class Statements:
                     WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
                       AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
                       AND j.state = 'running'
-                    RETURNING j.id, j.token, j.run_at),
+                    RETURNING j.id, j.token, j.run_at, j.flow_key),
                 u AS (
                 UPDATE {jobs} j SET
                     state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
@@ -275,9 +295,24 @@ class Statements:
                 WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
                   AND j.state = 'running'
                   AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
-                RETURNING j.id, j.token, j.run_at),
-                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone)
-                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
+                RETURNING j.id, j.token, j.run_at, j.flow_key),
+                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone),
+                -- each lease of a key that ended frees a slot: as many of the key's
+                -- parked jobs go back to the due set, in claim order (none without keys)
+                freed AS (SELECT flow_key, count(*) AS n FROM done
+                          WHERE flow_key IS NOT NULL GROUP BY flow_key),
+                back AS (
+                    UPDATE {jobs} p SET run_at = p.flow_run_at, flow_run_at = NULL,
+                        parked = false
+                    FROM (SELECT w.id FROM freed CROSS JOIN LATERAL (
+                              SELECT id FROM {jobs}
+                              WHERE queue = %(q)s AND parked AND flow_key = freed.flow_key
+                              ORDER BY priority DESC, flow_run_at, seq LIMIT freed.n
+                              FOR UPDATE SKIP LOCKED) w) b
+                    WHERE p.queue = %(q)s AND p.id = b.id
+                    RETURNING p.run_at)
+                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token,
+                       (SELECT min(run_at) FROM back)
                 FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
                        LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
             stale=f"SELECT id, state, token FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)",
@@ -293,7 +328,8 @@ class Statements:
                     FROM {jobs} WHERE queue = %(q)s AND id = %(id)s FOR UPDATE),
                 u AS (
                     UPDATE {jobs} j SET state = 'cancelled', outcome = 'cancelled',
-                        lease_until = NULL, updated_at = {NOW}
+                        run_at = coalesce(j.flow_run_at, j.run_at), flow_run_at = NULL,
+                        parked = false, lease_until = NULL, updated_at = {NOW}
                     FROM t
                     WHERE j.queue = %(q)s AND j.id = t.id AND {_TAKES_EFFECT}
                     RETURNING j.id),
@@ -307,6 +343,7 @@ class Statements:
                 u AS (
                     UPDATE {jobs} j SET state = 'scheduled',
                         run_at = coalesce(%(run_at)s::float8, {NOW} + %(delay)s::float8),
+                        flow_run_at = NULL, parked = false,
                         last_error = CASE WHEN t.state = 'running'
                                           THEN {_expired_note("t.")}
                                           ELSE j.last_error END,
@@ -343,11 +380,12 @@ class Statements:
                 ORDER BY run_at, seq LIMIT %(limit)s""",
             head=f"""
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
+                  AND run_at < {PARKED_AT}
                 ORDER BY run_at, seq LIMIT 1""",
             # What a waiter sleeps toward: the head, the next lease end, and "now".
             wake_times=f"""
                 SELECT (SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
-                        ORDER BY run_at, seq LIMIT 1),
+                        AND run_at < {PARKED_AT} ORDER BY run_at, seq LIMIT 1),
                        (SELECT lease_until FROM {jobs} WHERE queue = %(q)s
                         AND state = 'running' ORDER BY lease_until LIMIT 1),
                        {NOW}""",
@@ -380,7 +418,8 @@ class Statements:
                     f"SELECT 'due', (SELECT count(*) FROM {jobs} WHERE queue = %(q)s "
                     f"AND state = 'scheduled' AND run_at <= {NOW})::float8",
                     f"SELECT 'next_due', (SELECT run_at FROM {jobs} WHERE queue = %(q)s "
-                    f"AND state = 'scheduled' ORDER BY run_at, seq LIMIT 1)",
+                    f"AND state = 'scheduled' AND run_at < {PARKED_AT} "
+                    f"ORDER BY run_at, seq LIMIT 1)",
                 ]
             ),
             # After a server start: the token sequence past the server's clock (µs).

@@ -45,6 +45,8 @@ from delayq.backends.postgres._connection import (
     split_url,
 )
 from delayq.backends.postgres._enqueue import PostgresEnqueue
+from delayq.backends.postgres._flow import PostgresLimits
+from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import PostgresInspection
 from delayq.backends.postgres._schedules import PostgresSchedules
 from delayq.backends.postgres._sql import Statements
@@ -87,6 +89,7 @@ class PostgresBackend(
     PostgresEnqueue,
     PostgresClaims,
     PostgresSchedules,
+    PostgresLimits,
     CompletesInBatches,
     PostgresInspection,
     PostgresWorkers,
@@ -140,6 +143,7 @@ class PostgresBackend(
             "inspect",
             "transactional_enqueue",
             "recurring",
+            "flow_control",
         }
     )
 
@@ -184,6 +188,8 @@ class PostgresBackend(
         self._clock = SYSTEM_CLOCK if clock is None else clock
         self._fake = self._clock is not SYSTEM_CLOCK
         self._sql = Statements.build(schema)
+        self._flow_sql = FlowStatements.build(schema)
+        self._flow_seen: set[str] = set()  # this queue's flow flags known committed (_flow)
         self._channel = channel_name(schema, queue)
         self._timeout = check_seconds(connect_timeout, "connect_timeout")
         lock_timeout = check_seconds(given.pick("lock_timeout", lock_timeout), "lock_timeout")

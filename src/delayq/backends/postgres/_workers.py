@@ -1,6 +1,6 @@
 """Worker heartbeats on the PostgreSQL store (:class:`~delayq.backends.base.WorkerRegistry`).
 
-One row per worker in ``workers`` (migration 6), keyed by ``(queue, id)`` and
+One row per worker in ``workers`` (migration 7), keyed by ``(queue, id)`` and
 stamped with the server's clock (the clock every host shares), so the dashboard
 and ``delayq workers`` of any process see the same workers. A heartbeat is one
 upsert that also drops its queue's records not renewed for

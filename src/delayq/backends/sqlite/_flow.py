@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from delayq.backends._limits import check_limit_args, check_pattern, check_version
-from delayq.flow import Limit, LimitRecord, admit_rate, pick_limit
+from delayq.flow import Admissions, Limit, LimitRecord, group_turns
 
 __all__ = [
     "PARKED_AT",
@@ -108,60 +108,22 @@ def _running(conn: sqlite3.Connection, key: str) -> int:
     )
 
 
-class _Limiter:
-    """The limits and key states one claim works with (read once, written back)."""
+class _Limiter(Admissions):
+    """The limits and key states one claim works with (read when first needed,
+    written back by :meth:`save`)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(_limits(conn))
         self._conn = conn
-        self._limits = _limits(conn)
-        self._by_key: dict[str, Limit | None] = {}
-        self._running: dict[str, int] = {}
-        self._rates: dict[str, tuple[float | None, float | None]] = {}
-        self._dirty: set[str] = set()
 
-    def limit_of(self, key: str) -> Limit | None:
-        if key not in self._by_key:
-            self._by_key[key] = pick_limit(self._limits, key)
-        return self._by_key[key]
+    def _load_running(self, key: str) -> int:
+        return _running(self._conn, key)
 
-    def running(self, key: str) -> int:
-        if key not in self._running:
-            self._running[key] = _running(self._conn, key)
-        return self._running[key]
-
-    def _rate_state(self, key: str) -> tuple[float | None, float | None]:
-        if key not in self._rates:
-            row = self._conn.execute(
-                "SELECT tat, promised FROM delayq_flow_keys WHERE key = ?", (key,)
-            ).fetchone()
-            self._rates[key] = (None, None) if row is None else (row[0], row[1])
-        return self._rates[key]
-
-    def decide(self, key: str, now: float) -> tuple[bool, float | None]:
-        """(may start, else the next allowed time or None for "at its concurrency")."""
-        limit = self.limit_of(key)
-        if limit is None:
-            return True, None
-        if limit.concurrency is not None and self.running(key) >= limit.concurrency:
-            return False, None
-        if limit.rate is not None:
-            tat, promised = self._rate_state(key)
-            allowed, at = admit_rate(tat, now, limit.rate, limit.burst)
-            if not allowed:
-                at = max(at, promised if promised is not None else at)
-                self._rates[key] = (tat, at + limit.rate.interval)
-                self._dirty.add(key)
-                return False, at
-        return True, None
-
-    def start(self, key: str, now: float) -> None:
-        limit = self.limit_of(key)
-        self._running[key] = self.running(key) + 1
-        if limit is not None and limit.rate is not None:
-            tat, promised = self._rate_state(key)
-            _ok, new_tat = admit_rate(tat, now, limit.rate, limit.burst)
-            self._rates[key] = (new_tat, promised)
-            self._dirty.add(key)
+    def _load_rate(self, key: str) -> tuple[float | None, float | None]:
+        row = self._conn.execute(
+            "SELECT tat, promised FROM delayq_flow_keys WHERE key = ?", (key,)
+        ).fetchone()
+        return (None, None) if row is None else (row[0], row[1])
 
     def unpark(self) -> None:
         """Give parked jobs whose key has a free slot (or no limit now) their place back."""
@@ -172,8 +134,8 @@ class _Limiter:
             )
         ]
         for key in keys:
-            limit = self.limit_of(key)
-            if limit is None or limit.concurrency is None or self.running(key) < limit.concurrency:
+            room = self.room(key)
+            if room is None or room > 0:
                 self._conn.execute(
                     "UPDATE delayq_jobs SET run_at = flow_run_at, flow_run_at = NULL, parked = 0 "
                     "WHERE flow_key = ? AND parked = 1",
@@ -181,11 +143,12 @@ class _Limiter:
                 )
 
     def save(self) -> None:
-        if self._dirty:
+        rows = self.rate_rows()
+        if rows:
             self._conn.executemany(
                 "INSERT INTO delayq_flow_keys (key, tat, promised) VALUES (?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET tat = excluded.tat, promised = excluded.promised",
-                [(k, *self._rates[k]) for k in self._dirty],
+                rows,
             )
 
 
@@ -281,9 +244,7 @@ def _ordered(
                 f"SELECT grp, served FROM delayq_flow_groups WHERE grp IN ({marks})", chunk
             )
         )
-    counts = {g: stored.get(g, 0) + served.get(g, 0) for g in names}
-    top = max(counts.values())
-    turn = {g: max(c, top - 1) for g, c in counts.items()}
+    turn = group_turns({g: stored.get(g, 0) + served.get(g, 0) for g in names})
     prio_at = columns.split(", ").index("priority")
     run_at_i = columns.split(", ").index("run_at")
     return sorted(rows, key=lambda r: (-r[prio_at], turn[r[-2]] + r[-1], r[run_at_i], r[0]))
