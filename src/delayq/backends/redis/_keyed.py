@@ -67,9 +67,7 @@ class RedisKeyed:
         _keys: dict[str, str]
         _wakes: Wakeups
 
-        def _write(
-            self, name: str, args: Sequence[Any], *, keys: Sequence[str] = ()
-        ) -> Any: ...
+        def _write(self, name: str, args: Sequence[Any], *, keys: Sequence[str] = ()) -> Any: ...
 
     def enqueue_keyed(self, spec: JobSpec, policy: KeyPolicy) -> KeyedResult:
         """One keyed call (``spec.id`` is the key), decided and stored by one script."""
@@ -93,8 +91,7 @@ class RedisKeyed:
             _, kind, job_id, state = reply
             if kind == "held":
                 raise JobConflict(
-                    f"key {spec.id!r} is held by job {job_id!r} (unique={policy.unique!r}, "
-                    f"{state})"
+                    f"key {spec.id!r} is held by job {job_id!r} (unique={policy.unique!r}, {state})"
                 )
             raise JobConflict(f"job {job_id!r} exists ({state}) and is not a run of its key")
         self._wakes.woke(reply[3])
