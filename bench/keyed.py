@@ -27,8 +27,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import redis
+
 from delayq.backends.base import Backend
 from delayq.backends.memory import MemoryBackend
+from delayq.backends.redis import RedisBackend
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.job import JobSpec
 from delayq.keyed import KeyPolicy
@@ -69,10 +72,6 @@ def _open(name: str, tmp: str, clock: FakeClock) -> Iterator[Backend | None]:
     elif name == "sqlite-normal":
         yield SQLiteBackend(str(Path(tmp) / "k.db"), clock=clock, synchronous="normal")
     else:
-        import redis
-
-        from delayq.backends.redis import RedisBackend
-
         url = os.environ.get("DELAYQ_REDIS_URL", "redis://127.0.0.1:6379/0")
         client = redis.Redis.from_url(url)
         try:
