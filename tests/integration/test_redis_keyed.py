@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from delayq import DelayQ
 from delayq.backends.redis import RedisBackend
 from delayq.job import JobSpec
 from delayq.keyed import KeyedOutcome, KeyedResult, KeyPolicy
@@ -195,3 +196,22 @@ def test_producers_in_several_processes_make_exactly_the_expected_jobs(prefix: s
         assert debounced.keyed.calls == total and debounced.keyed.extended == total - 1
     finally:
         backend.close()
+
+
+def test_the_app_schedules_keyed_calls_on_redis(prefix: str) -> None:
+    app = DelayQ(f"{REDIS_URL}?prefix={prefix}")
+    try:
+        for n in range(3):
+            app.schedule("digest", {"event": n}, job_id="d", on_conflict="append", max_items=10)
+        result = app.schedule_keyed("ping", None, job_id="p", on_conflict="throttle", window=10)
+        assert (result.id, result.outcome) == ("p", KeyedOutcome.CREATED)
+        again = app.schedule_keyed("ping", None, job_id="p", on_conflict="throttle", window=10)
+        assert again.outcome is KeyedOutcome.DROPPED
+        job = app.get("d")
+        assert job is not None and job.payload == [{"event": 0}, {"event": 1}, {"event": 2}]
+        assert job.keyed is not None and (job.keyed.mode, job.keyed.items) == (
+            "append max_items=10",
+            3,
+        )
+    finally:
+        app.close()
