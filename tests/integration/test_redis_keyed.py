@@ -215,3 +215,21 @@ def test_the_app_schedules_keyed_calls_on_redis(prefix: str) -> None:
         )
     finally:
         app.close()
+
+
+def test_a_plain_replace_of_a_key_s_finished_run_keeps_it_the_key_s_run(
+    open_redis: Callable[..., RedisBackend], client: redis.Redis
+) -> None:
+    backend = open_redis(result_ttl=60)
+    call(backend, DEBOUNCE, 1, delay=0)
+    [claim] = backend.claim(limit=1, lease=30)
+    backend.ack(claim)
+    assert client.pttl(record(backend)) > 0
+    backend.enqueue(
+        [JobSpec(id="k", name="t", payload="2", run_at=0.0, delay=100)], on_conflict="replace"
+    )
+    assert client.pttl(record(backend)) == -1  # held again by the live job
+    result = call(backend, DEBOUNCE, 3)
+    assert (result.id, result.outcome) == ("k", KeyedOutcome.EXTENDED)
+    backend.cancel("k")
+    assert client.pttl(record(backend)) > 0  # and released with it

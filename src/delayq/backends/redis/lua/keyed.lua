@@ -162,7 +162,8 @@ if write == 'create' or write == 'append_new' then
 elseif write == 'update' then
   before = head_score()
   unschedule(key, job)
-  redis.call('HSET', key, 'payload', payload, 'run_at', fmt(run_at), 'updated_at', fmt(NOW))
+  redis.call('HSET', key, 'payload', payload, 'run_at', fmt(run_at), 'updated_at', fmt(NOW),
+    'kkey', key_name) -- (a job put there by a plain enqueue becomes the key's run)
   schedule(key, job, run_at, false)
 elseif write == 'append' then
   local old = redis.call('HGET', key, 'payload')
@@ -170,7 +171,7 @@ elseif write == 'append' then
   if old ~= '[]' then
     joined = string.sub(old, 1, -2) .. ',' .. payload .. ']'
   end
-  redis.call('HSET', key, 'payload', joined, 'updated_at', fmt(NOW))
+  redis.call('HSET', key, 'payload', joined, 'updated_at', fmt(NOW), 'kkey', key_name)
 end
 
 redis.call('HSET', K_KEY, 'job', job, 'mode', new.mode, 'runs', new.runs,
