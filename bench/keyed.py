@@ -5,24 +5,33 @@
     python -m bench.keyed                 # 1,000 keys, 20,000 calls per mode per store
     python -m bench.keyed --keys 100 --calls 2000
 
-Per store (memory; SQLite ``synchronous=normal`` in a temporary file): one
+Per store (memory; SQLite ``synchronous=normal`` in a temporary file; Redis at
+``DELAYQ_REDIS_URL``, default ``redis://127.0.0.1:6379/0``, under a prefix of its
+own that is deleted afterwards, skipped when no server answers): one
 producer thread makes ``--calls`` keyed calls spread over ``--keys`` keys, first
 ``debounce`` (delay 5 s, max_wait 60 s), then ``append`` (max_items 100), on
 the store's own clock. It reports calls/s per mode, then claims every batch
 (after moving past the due times with a fake clock) and checks that each
-appended event was delivered exactly once.
+appended event was delivered exactly once. ``--stores`` picks the stores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import redis
 
 from delayq.backends.base import Backend
 from delayq.backends.memory import MemoryBackend
+from delayq.backends.redis import RedisBackend
 from delayq.backends.sqlite import SQLiteBackend
 from delayq.job import JobSpec
 from delayq.keyed import KeyPolicy
@@ -56,23 +65,47 @@ def _run(store: Backend, clock: FakeClock, keys: int, calls: int) -> dict[str, f
     return rates
 
 
+@contextlib.contextmanager
+def _open(name: str, tmp: str, clock: FakeClock) -> Iterator[Backend | None]:
+    if name == "memory":
+        yield MemoryBackend(clock=clock)
+    elif name == "sqlite-normal":
+        yield SQLiteBackend(str(Path(tmp) / "k.db"), clock=clock, synchronous="normal")
+    else:
+        url = os.environ.get("DELAYQ_REDIS_URL", "redis://127.0.0.1:6379/0")
+        client = redis.Redis.from_url(url)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            print(f"{name:14s} skipped: {url}: {exc}")
+            yield None
+            return
+        prefix = f"delayqbench:{uuid.uuid4().hex[:12]}"
+        try:
+            yield RedisBackend.from_url(url, prefix=prefix, clock=clock)
+        finally:
+            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+            client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--stores", default="memory,sqlite-normal,redis")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("memory", "sqlite-normal"):
+        for name in args.stores.split(","):
             clock = FakeClock()
-            store: Backend = (
-                MemoryBackend(clock=clock)
-                if name == "memory"
-                else SQLiteBackend(str(Path(tmp) / "k.db"), clock=clock, synchronous="normal")
-            )
-            try:
-                r = _run(store, clock, args.keys, args.calls)
-            finally:
-                store.close()
+            with _open(name, tmp, clock) as store:
+                if store is None:
+                    continue
+                try:
+                    r = _run(store, clock, args.keys, args.calls)
+                finally:
+                    store.close()
             print(
                 f"{name:14s} debounce {r['debounce']:8.0f} calls/s  append {r['append']:8.0f} "
                 f"calls/s  delivered {r['delivered']:.0f}, "

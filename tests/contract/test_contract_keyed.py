@@ -3,17 +3,25 @@ append, each decided and stored in one atomic step of the store."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from delayq.backends.base import Backend
+from delayq.backends.memory import MemoryBackend
 from delayq.errors import InvalidOption, JobConflict
 from delayq.job import JobState
 from delayq.keyed import KeyedOutcome, KeyedResult, KeyPolicy
 from delayq.testing import FakeClock
+from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
 
 needs_keyed = pytest.mark.backend_features("keyed")
@@ -210,3 +218,92 @@ def test_bad_keyed_options_are_refused_at_the_call() -> None:
         KeyPolicy.build("keep", unique="forever")
     with pytest.raises(InvalidOption, match="max_items"):
         KeyPolicy.build("append", max_items=0)
+
+
+POLICIES = [
+    DEBOUNCE,
+    KeyPolicy.build("debounce", max_wait=12),
+    THROTTLE,
+    TRAILING,
+    UNTIL_FINISHED,
+    KeyPolicy.build("reject", unique="until_finished"),
+    KeyPolicy.build("keep", unique="until_started"),
+    KeyPolicy.build("keep", unique=4),
+    APPEND,
+]
+CALL = st.tuples(
+    st.just("call"), st.sampled_from(["k", "j"]), st.sampled_from([0.0, 3.0, 8.0, 20.0])
+)
+STEPS = st.lists(
+    st.one_of(
+        CALL,
+        CALL,
+        CALL,
+        st.tuples(st.just("claim")),
+        st.tuples(st.sampled_from(["ack", "retry", "bury"]), st.integers(0, 3)),
+        st.tuples(st.just("cancel"), st.sampled_from(["k", "j", "k#2", "j#2", "k#3"])),
+        st.tuples(st.just("advance"), st.sampled_from([1.0, 2.0, 4.0, 11.0])),
+    ),
+    min_size=4,
+    max_size=40,
+)
+EXAMPLES = {"memory": 20, "sqlite": 100, "redis": 200}
+
+
+def _outcome(store: Backend, policy: KeyPolicy | None, n: int, key: str, delay: float) -> Any:
+    try:
+        r = call(store, policy, n, key=key, delay=delay)
+    except JobConflict:
+        return "conflict"
+    job = store.get(r.id)
+    assert job is not None
+    return r, job.payload, job.run_at, job.keyed
+
+
+@needs_keyed
+def test_every_store_decides_keyed_calls_as_the_reference_does(factory: BackendFactory) -> None:
+    """Random keyed calls on two keys (a policy each), claims, finishes, cancels and
+    clock steps: the store answers each call as the memory store (the reference)
+    does, job for job."""
+    stores = itertools.count()
+
+    @settings(
+        max_examples=EXAMPLES.get(factory.name, 30),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(policies=st.tuples(*[st.integers(0, len(POLICIES) - 1)] * 2), steps=STEPS)
+    def run(policies: tuple[int, int], steps: list[tuple[Any, ...]]) -> None:
+        clock = FakeClock()
+        reference = MemoryBackend(clock=clock)
+        with tempfile.TemporaryDirectory() as root, contextlib.ExitStack() as stack:
+            store = stack.enter_context(factory.open(clock, str(Path(root) / f"k{next(stores)}")))
+            running: list[tuple[Any, Any]] = []  # (store's claim, reference's claim)
+            for n, step in enumerate(steps):
+                if step[0] == "call":
+                    _, key, delay = step
+                    policy = POLICIES[policies[key == "j"]]
+                    expected = _outcome(reference, policy, n, key, delay)
+                    assert _outcome(store, policy, n, key, delay) == expected, step
+                elif step[0] == "claim":
+                    got = sorted(store.claim(limit=10, lease=1000), key=lambda c: c.job.id)
+                    want = sorted(reference.claim(limit=10, lease=1000), key=lambda c: c.job.id)
+                    assert [c.job.id for c in got] == [c.job.id for c in want]
+                    assert [c.job.payload for c in got] == [c.job.payload for c in want]
+                    running += zip(got, want, strict=True)
+                elif step[0] in ("ack", "retry", "bury") and running:
+                    pair = running.pop(step[1] % len(running))
+                    for each, claim in zip((store, reference), pair, strict=True):
+                        if step[0] == "ack":
+                            each.ack(claim)
+                        elif step[0] == "retry":
+                            each.retry(claim, clock.time() + 3, "again")
+                        else:
+                            each.bury(claim, "dead")
+                elif step[0] == "cancel":
+                    assert store.cancel(step[1]) == reference.cancel(step[1])
+                elif step[0] == "advance":
+                    clock.advance(step[1])
+        reference.close()
+
+    run()

@@ -21,6 +21,7 @@ from delayq.backends.base import Completion
 from delayq.backends.redis import RedisBackend, queue_keys
 from delayq.errors import BackendError
 from delayq.job import CancelOutcome, JobSpec, JobState
+from delayq.keyed import KeyedOutcome, KeyPolicy
 from tests._util import wait_until
 from tests.conftest import service_missing
 from tests.redis_support import SENTINEL_PORTS, RedisServer, free_port
@@ -140,6 +141,21 @@ def test_a_queue_on_every_master_of_a_cluster_runs_its_whole_job_cycle(
             assert job is not None and job.state is JobState.SUCCEEDED
             stats = backend.stats()
             assert (stats.scheduled, stats.running, stats.succeeded) == (0, 0, 4)
+            # A keyed call: the key's record is in the queue's slot too.
+            append = KeyPolicy.build("append", max_items=5)
+            assert append is not None
+            results = [
+                producer.enqueue_keyed(
+                    JobSpec(id="batch", name="t", payload=str(n), run_at=now - 1), append
+                )
+                for n in range(2)
+            ]
+            assert [r.outcome for r in results] == [KeyedOutcome.CREATED, KeyedOutcome.APPENDED]
+            [claim] = backend.claim(limit=1, lease=30.0)
+            assert claim.job.payload == [0, 1]
+            backend.ack(claim)
+            batch = backend.get("batch")
+            assert batch is not None and batch.keyed is not None and batch.keyed.items == 2
             # A waiter blocked on this queue's node is woken by an enqueue elsewhere.
             backend._redis.delete(backend._keys["wake"])  # the tokens of the calls above
             waiter = _Waiter(backend)

@@ -30,13 +30,15 @@ there)::
     P:{Q}:limits ...   flow control: limit records, the ready stage (by priority
                              and group), parked jobs, slots and rate state per
                              key (described in ``lua/_flow.lua``)
+    P:{Q}:keyed:<key> HASH keyed calls: the key's record (its current job and
+                             counters; ``lua/keyed.lua``), gone with its current job
 
 Finished records are capped per state (``max_finished``) and dead letters
 (``max_dead``), the oldest going first, so memory stays bounded by default.
 
-Every state change (enqueue, claim, ack, retry, bury, complete (a batch of
-those three), complete_and_claim, extend, cancel, reschedule, requeue_dead,
-purge_dead, put_limit, delete_limit) is one Lua script in this folder, run
+Every state change (enqueue, keyed (one keyed call), claim, ack, retry, bury,
+complete (a batch of those three), complete_and_claim, extend, cancel,
+reschedule, requeue_dead, purge_dead, put_limit, delete_limit) is one Lua script in this folder, run
 with EVALSHA (a script the server no longer knows, after ``SCRIPT FLUSH`` or a
 restart, is sent whole). Each declares what it does when Redis is out of memory (``SCRIPT_FLAGS`` in
 ``_connection.py``).
@@ -78,7 +80,7 @@ replies), ``_waiting`` (blocked waits and wake-ups), ``_expiry`` (the optional
 key-expiry trigger), ``_server`` (eviction and
 persistence checks), ``_store`` (the contract methods), ``_inspect`` (reads and
 dead letters), ``_schedules`` (recurring schedule records), ``_flow`` (flow-control
-limit records).
+limit records), ``_keyed`` (keyed calls: debounce, throttle, unique, append).
 """
 
 from delayq.backends.redis._connection import SCRIPT_NAMES, mask, split_url

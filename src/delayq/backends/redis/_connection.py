@@ -41,6 +41,7 @@ __all__ = [
 
 SCRIPT_NAMES = (
     "enqueue",
+    "keyed",
     "claim",
     "ack",
     "retry",
@@ -66,6 +67,7 @@ SCRIPT_FLAGS = {
     # (maxmemory reached under noeviction): the caller gets a BackendError and
     # nothing is written, never half a batch.
     "enqueue": "",
+    "keyed": "",
     "reschedule": "",
     "requeue_dead": "",
     "put_limit": "",

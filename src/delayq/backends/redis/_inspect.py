@@ -21,6 +21,7 @@ from delayq.backends._common import (
 from delayq.backends._workers import check_worker_beat, check_worker_id
 from delayq.backends.base import WORKER_FORGET_AFTER, WorkerBeat
 from delayq.backends.redis._fields import job_of, optional_float, pairs, when_arg
+from delayq.backends.redis._keyed import key_info
 from delayq.backends.redis._keys import FINISHED_INDEX
 from delayq.clock import SYSTEM_CLOCK
 from delayq.job import Job, JobState, Stats
@@ -73,8 +74,11 @@ class RedisInspection:
         return jobs
 
     def get(self, job_id: str) -> Job | None:
-        jobs = self._fetch([job_id])
-        return jobs[0] if jobs else None
+        [flat] = self._run("get", [job_id], retry=True)
+        if not flat:
+            return None
+        fields = pairs(flat)
+        return key_info(job_of(job_id, fields), fields)
 
     def list_jobs(
         self,

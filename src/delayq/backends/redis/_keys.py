@@ -46,5 +46,6 @@ def queue_keys(prefix: str, queue: str) -> dict[str, str]:
     # or parked, which listings read beside the due set
     keys["limits"] = ns + "limits"
     keys["held"] = ns + "held"
+    keys["keyed:"] = ns + "keyed:"  # keyed calls: one record per key (lua/keyed.lua)
     keys["workers"] = ns + "workers"  # worker heartbeats: a hash, id -> {"data", "seen"}
     return keys

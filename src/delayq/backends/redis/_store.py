@@ -42,6 +42,7 @@ from delayq.backends.redis._fields import (
 )
 from delayq.backends.redis._flow import RedisLimits
 from delayq.backends.redis._inspect import RedisInspection
+from delayq.backends.redis._keyed import RedisKeyed
 from delayq.backends.redis._keys import (
     DEFAULT_PREFIX,
     DEFAULT_QUEUE,
@@ -94,7 +95,7 @@ DEFAULT_MAX_DEAD = 100_000
 log = logging.getLogger("delayq.redis")
 
 
-class RedisBackend(RedisInspection, RedisSchedules, RedisLimits):
+class RedisBackend(RedisInspection, RedisSchedules, RedisLimits, RedisKeyed):
     """A :class:`~delayq.backends.base.Backend` on Redis (see the package docstring).
 
     Options (keyword-only):
@@ -161,6 +162,7 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits):
             "inspect",
             "recurring",
             "flow_control",
+            "keyed",
         }
     )
 
@@ -307,11 +309,11 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits):
         ]
         return self._conn.script(name, [*self._key_list, *keys], full, retry=retry, then=then)
 
-    def _write(self, name: str, args: Sequence[Any]) -> Any:
+    def _write(self, name: str, args: Sequence[Any], *, keys: Sequence[str] = ()) -> Any:
         """``_run`` for a producer's write, then the ``WAIT`` / ``WAITAOF`` asked for."""
         if not self._wait:
-            return self._run(name, args)
-        reply, acked = self._run(name, args, then=self._wait)
+            return self._run(name, args, keys=keys)
+        reply, acked = self._run(name, args, keys=keys, then=self._wait)
         if reply[0] == "conflict":
             return reply  # nothing was written
         local, replicas = (1, acked) if self._wait[0] == "WAIT" else (acked[0], acked[1])

@@ -130,6 +130,38 @@ local function wake_if_earlier(before)
   return 0
 end
 
+-- Keyed calls (keyed.lua) keep one record per key, NS .. "keyed:" .. key, that names
+-- the key's current job; every run's hash names its key (field kkey). The record
+-- lives as long as its current job: once that job finishes it expires with it
+-- (result_ttl), and it goes when the job is dropped (max_finished, max_dead,
+-- purge_dead), but never before the key's throttle window ends.
+-- The record of the key whose current job is `id` (hash `key`), or nil.
+local function key_record(key, id)
+  local name = redis.call('HGET', key, 'kkey')
+  if name then
+    local record = NS .. 'keyed:' .. name
+    if redis.call('HGET', record, 'job') == id then
+      return record
+    end
+  end
+  return nil
+end
+
+-- Job `id` (hash `key`) is kept `ms` more (0: it goes now): so is its key's record,
+-- or until the key's throttle window ends when that is later.
+local function key_expires(key, id, ms)
+  local record = key_record(key, id)
+  if record then
+    local left = tonumber(redis.call('HGET', record, 'window_end')) * 1000 - NOW_MS
+    ms = math.max(ms, left)
+    if ms > 0 then
+      redis.call('PEXPIRE', record, math.ceil(ms))
+    else
+      redis.call('DEL', record)
+    end
+  end
+end
+
 -- The state of job `id`, or nil when it does not exist. A finished record
 -- past its result_ttl counts as gone (and is deleted) even before Redis expires
 -- it, so an injected test clock sees the same rule as the server clock.
@@ -139,6 +171,7 @@ local function live_state(key, id)
     local expiry = redis.call('ZSCORE', K_DONE[state], id)
     if not expiry or tonumber(expiry) <= NOW_MS then
       redis.call('ZREM', K_DONE[state], id)
+      key_expires(key, id, 0)
       redis.call('DEL', key)
       return nil
     end
@@ -187,6 +220,7 @@ local function trim_index(index, state, cap)
   for i = 1, #oldest, 2 do
     local key = job_key(oldest[i])
     if redis.call('HGET', key, 'state') == state then
+      key_expires(key, oldest[i], 0)
       redis.call('DEL', key)
     end
   end
@@ -195,11 +229,13 @@ end
 -- Record a final state (succeeded / cancelled / skipped); the record expires.
 local function finish(key, id, state)
   if RESULT_TTL_MS <= 0 then
+    key_expires(key, id, 0)
     redis.call('DEL', key)
     return
   end
   redis.call('ZADD', K_DONE[state], NOW_MS + RESULT_TTL_MS, id)
   redis.call('PEXPIRE', key, math.ceil(RESULT_TTL_MS))
+  key_expires(key, id, RESULT_TTL_MS)
   trim_index(K_DONE[state], state, MAX_FINISHED)
 end
 

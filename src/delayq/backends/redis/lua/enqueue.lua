@@ -77,7 +77,13 @@ for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local id = ARGV[base]
   local key = job_key(id)
+  local run_of = nil -- the key whose current run this replaces (see key_record in _lib.lua)
   if outcomes[i] == 'replaced' then
+    local record = key_record(key, id)
+    if record then -- the new job is the key's current run, and holds the record while it lives
+      run_of = redis.call('HGET', key, 'kkey')
+      redis.call('PERSIST', record)
+    end
     if #zadd > 0 then -- the job may be earlier in this batch: index it first
       redis.call('ZADD', K_DUE, unpack(zadd))
       zadd = {}
@@ -101,6 +107,9 @@ for i = 0, n - 1 do
       'state', 'scheduled', 'attempts', 0, 'max_attempts', profile[2],
       'backoff', profile[3], 'misfire', profile[4], 'created_at', profile[5],
       'updated_at', now, 'seq', seq)
+    if run_of then
+      redis.call('HSET', key, 'kkey', run_of)
+    end
     if with_flow then
       local fkey, prio, grp = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
       if fkey ~= '' then

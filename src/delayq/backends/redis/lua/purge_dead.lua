@@ -23,6 +23,7 @@ else
 end
 for _, id in ipairs(ids) do
   redis.call('ZREM', K_DEAD, id)
+  key_expires(job_key(id), id, 0)
   redis.call('DEL', job_key(id))
 end
 return #ids
