@@ -307,3 +307,64 @@ def test_every_store_decides_keyed_calls_as_the_reference_does(factory: BackendF
         reference.close()
 
     run()
+
+
+# -- keys released with their run (the records are the keys in use) ------------------
+
+
+def _purge(backend: Backend, clock: FakeClock, seconds: float) -> None:
+    """Let ``seconds`` pass, then a claim (its housekeeping purges)."""
+    clock.advance(seconds)
+    backend.claim(limit=1, lease=LEASE, now=clock.time())
+
+
+@needs_keyed
+def test_a_keys_next_call_after_its_run_was_purged_starts_again_at_run_1(
+    open_backend: Any, clock: FakeClock
+) -> None:
+    backend = open_backend(result_ttl=60)
+    call(backend, DEBOUNCE, "a", delay=0)
+    [claim] = backend.claim(limit=1, lease=LEASE, now=clock.time())
+    backend.ack(claim)
+    assert call(backend, DEBOUNCE, "b").id == "k#2"  # still kept: the next run
+    [claim] = backend.claim(limit=1, lease=LEASE, now=clock.time() + 5)
+    backend.ack(claim)
+    _purge(backend, clock, 120)  # both runs' records are past result_ttl: released
+    result = call(backend, DEBOUNCE, "c")
+    assert (result.id, result.outcome) == ("k", KeyedOutcome.CREATED)
+    job = backend.get("k")
+    assert job is not None and job.keyed is not None and job.keyed.run == 1
+    assert job.keyed.calls == 1 and job.payload == "c"
+
+
+@needs_keyed
+def test_a_released_key_never_overwrites_an_earlier_runs_dead_letter(
+    open_backend: Any, clock: FakeClock
+) -> None:
+    backend = open_backend(result_ttl=60)
+    call(backend, DEBOUNCE, "first", delay=0)
+    [claim] = backend.claim(limit=1, lease=LEASE, now=clock.time())
+    backend.bury(claim, "boom")  # run 1 ("k") is a dead letter, kept past result_ttl
+    assert call(backend, DEBOUNCE, "second", delay=0).id == "k#2"
+    [claim] = backend.claim(limit=1, lease=LEASE, now=clock.time())
+    backend.ack(claim)
+    _purge(backend, clock, 120)  # run 2 purged: the key is released
+    result = call(backend, DEBOUNCE, "third")
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)  # past "k"
+    dead = backend.get("k")
+    assert dead is not None and dead.state is JobState.DEAD and dead.payload == "first"
+
+
+@needs_keyed
+def test_a_throttle_window_outlives_its_runs_purge(open_backend: Any, clock: FakeClock) -> None:
+    backend = open_backend(result_ttl=0)
+    window = KeyPolicy.build("throttle", window=600)
+    assert call(backend, window, "a", delay=0).outcome is KeyedOutcome.CREATED
+    [claim] = backend.claim(limit=1, lease=LEASE, now=clock.time())
+    backend.ack(claim)
+    _purge(backend, clock, 5)  # the run is gone (result_ttl=0), its window is not
+    assert backend.get("k") is None
+    assert call(backend, window, "b").outcome is KeyedOutcome.DROPPED
+    _purge(backend, clock, 600)  # the window ended: released
+    result = call(backend, window, "c", delay=0)
+    assert result.outcome is KeyedOutcome.CREATED

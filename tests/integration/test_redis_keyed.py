@@ -13,7 +13,7 @@ import redis
 
 from delayq import DelayQ
 from delayq.backends.redis import RedisBackend
-from delayq.job import JobSpec
+from delayq.job import JobSpec, JobState
 from delayq.keyed import KeyedOutcome, KeyedResult, KeyPolicy
 from delayq.testing import FakeClock
 from tests.redis_support import REDIS_URL, redis_prefix
@@ -126,7 +126,7 @@ def test_cancel_dead_letters_and_caps_release_the_record(
     assert client.exists(record(backend, "y"))  # y#2 is the current run: its record stays
 
 
-def test_an_earlier_finished_run_with_the_new_id_is_replaced(
+def test_an_earlier_finished_run_holding_the_new_id_is_kept_and_skipped(
     open_redis: Callable[..., RedisBackend],
 ) -> None:
     clock = FakeClock()
@@ -140,9 +140,11 @@ def test_an_earlier_finished_run_with_the_new_id_is_replaced(
     backend.ack(first)
     clock.advance(51)  # k#2 is purged, k (finished later) is not
     assert backend.get("k#2") is None and backend.get("k") is not None
-    result = call(backend, DEBOUNCE, 3)
-    assert (result.id, result.outcome) == ("k", KeyedOutcome.CREATED)
-    assert backend.get("k").payload == 3  # type: ignore[union-attr]
+    result = call(backend, DEBOUNCE, 3)  # the key was released with k#2: run 1 again...
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)  # ...past k
+    kept = backend.get("k")
+    assert kept is not None and kept.state is JobState.SUCCEEDED and kept.payload == 1
+    assert backend.get("k#2").payload == 3  # type: ignore[union-attr]
 
 
 def _produce(prefix: str, who: int, go: Any, out: Any) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayq.backends.memory import MemoryBackend
+from delayq.backends.sqlite import SQLiteBackend
 from delayq.job import JobSpec, JobState
 from delayq.keyed import KeyedOutcome, KeyPolicy, KeyState
 from delayq.testing import FakeClock
@@ -73,3 +77,44 @@ def test_every_appended_payload_is_delivered_in_exactly_one_batch(
     for c in store.claim(limit=100, lease=30):
         delivered.extend(c.job.payload)
     assert sorted(delivered) == sent
+
+
+def _key_records(store: object) -> int:
+    if isinstance(store, MemoryBackend):
+        return len(store._keys)
+    with store._read("counting key records") as conn:  # type: ignore[attr-defined]
+        return int(conn.execute("SELECT COUNT(*) FROM delayq_keyed").fetchone()[0])
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_key_records_go_with_their_runs_so_a_key_per_order_does_not_grow_the_store(
+    kind: str, tmp_path: Path
+) -> None:
+    # "cancel order N unless paid": one key per order, ever; after the runs are
+    # purged by result_ttl (and dead letters by purge_dead) no record is left.
+    clock = FakeClock(1_000.0)
+    store: Any = (
+        MemoryBackend(clock=clock, result_ttl=60)
+        if kind == "memory"
+        else SQLiteBackend(str(tmp_path / "k.db"), clock=clock, result_ttl=60)
+    )
+    unique = KeyPolicy.build("keep", unique="until_finished")
+    assert POLICY is not None and unique is not None
+    try:
+        for n in range(300):
+            job = JobSpec(id=f"order:{n}", name="x", payload="null", run_at=0.0, delay=0)
+            store.enqueue_keyed(job, POLICY if n % 2 else unique)
+        assert _key_records(store) == 300
+        claims = store.claim(limit=300, lease=30)
+        for claim in claims[:-10]:
+            store.ack(claim)
+        for claim in claims[-10:]:
+            store.bury(claim, "boom")
+        for _ in range(3):  # bounded purge batches
+            clock.advance(120)
+            store.claim(limit=1, lease=30)
+        assert _key_records(store) == 10  # the dead letters' keys
+        assert store.purge_dead() == 10
+        assert _key_records(store) == 0
+    finally:
+        store.close()

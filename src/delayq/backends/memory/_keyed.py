@@ -1,15 +1,31 @@
-"""Keyed calls on the memory store: :func:`delayq.keyed.decide` under the store's lock."""
+"""Keyed calls on the memory store: :func:`delayq.keyed.decide` under the store's lock.
+
+A key's record is released when its current run's record is deleted (the
+``result_ttl`` and ``dead_ttl`` purges, ``purge_dead``), at once or when its
+throttle window ends, so the records are the keys in use, not every key ever
+called; the key's next call starts again at run 1 (past any run id a finished
+or dead record still holds)."""
 
 from __future__ import annotations
 
+import heapq
 import threading
+from dataclasses import replace
 from typing import Any
 
 from delayq.backends._common import check_spec
 from delayq.clock import Clock
 from delayq.errors import JobConflict
 from delayq.job import JobSpec, JobState
-from delayq.keyed import Current, KeyedResult, KeyPolicy, KeyState, append_payload, decide
+from delayq.keyed import (
+    Current,
+    Decision,
+    KeyedResult,
+    KeyPolicy,
+    KeyState,
+    append_payload,
+    decide,
+)
 
 
 class MemoryKeyed:
@@ -22,6 +38,7 @@ class MemoryKeyed:
     _jobs: dict[str, Any]
     _keys: dict[str, KeyState]  # key -> its record
     _key_of: dict[str, str]  # a key's job ids -> the key
+    _released: list[tuple[float, str, str]]  # (window end, key, run id) of released keys
 
     def _check_open(self) -> None:
         raise NotImplementedError
@@ -50,6 +67,47 @@ class MemoryKeyed:
         return _enqueue_keyed(self, spec, policy)
 
 
+def release_key(store: MemoryKeyed, job_id: str, now: float) -> None:
+    """The record ``job_id`` was deleted (purged): drop its key's record if this was
+    the key's current run, at once, or when its throttle window ends (the heap
+    ``_released``, swept by :func:`sweep_released`). Called under the lock."""
+    key = store._key_of.pop(job_id, None)
+    if key is None:
+        return
+    state = store._keys.get(key)
+    if state is None or state.job_id != job_id:
+        return
+    if state.window_end <= now:
+        del store._keys[key]
+    else:
+        heapq.heappush(store._released, (state.window_end, key, job_id))
+
+
+def sweep_released(store: MemoryKeyed, now: float) -> None:
+    """Drop the records of released keys whose throttle window has ended (under the lock)."""
+    heap = store._released
+    while heap and heap[0][0] <= now:
+        _, key, job_id = heapq.heappop(heap)
+        state = store._keys.get(key)
+        if state is not None and state.job_id == job_id and job_id not in store._jobs:
+            del store._keys[key]
+
+
+def _first_free_run(store: MemoryKeyed, decision: Decision, now: float) -> Decision:
+    """``decision`` moved past run ids still held by finished or dead records (a
+    released key starts again at run 1; an earlier run 1 may still be a dead
+    letter). A live job at the id is left for the caller to refuse."""
+    state = decision.state
+    while True:
+        old = store._lookup(state.job_id, now)
+        if old is None or old.state in (JobState.SCHEDULED, JobState.RUNNING):
+            break
+        state = replace(state, runs=state.runs + 1)
+    if state is decision.state:
+        return decision
+    return replace(decision, state=state, job_id=state.job_id)
+
+
 def _enqueue_keyed(store: MemoryKeyed, spec: JobSpec, policy: KeyPolicy) -> KeyedResult:
     spec = check_spec(spec)
     with store._lock:
@@ -68,6 +126,7 @@ def _enqueue_keyed(store: MemoryKeyed, spec: JobSpec, policy: KeyPolicy) -> Keye
         if decision.write:
             payload = spec.payload
             if decision.create:
+                decision = _first_free_run(store, decision, now)
                 old = store._lookup(decision.job_id, now)
                 if old is not None and old.state in (JobState.SCHEDULED, JobState.RUNNING):
                     raise JobConflict(

@@ -45,7 +45,7 @@ from delayq.backends._common import (
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
 from delayq.backends.memory._flow import Entry, FlowState, MemoryLimits, ReadyJobs
-from delayq.backends.memory._keyed import MemoryKeyed
+from delayq.backends.memory._keyed import MemoryKeyed, release_key, sweep_released
 from delayq.backends.memory._schedules import MemorySchedules
 from delayq.backends.memory._workers import MemoryWorkers
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -179,6 +179,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         self._flow = FlowState()
         self._keys: dict[str, KeyState] = {}  # keyed calls: key -> its record
         self._key_of: dict[str, str] = {}  # a key's job ids -> the key
+        self._released: list[tuple[float, str, str]] = []  # keys whose run was purged
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self._wake_gen = 0
@@ -304,11 +305,15 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         fin = self._finished
         for _ in range(PURGE_BATCH):
             if not fin or fin[0][0] > cutoff:
-                return
+                break
             _at, version, job_id = heapq.heappop(fin)
             rec = self._jobs.get(job_id)
             if rec is not None and rec.version == version and rec.state in TTL_STATES:
                 del self._jobs[job_id]
+                if self._key_of:
+                    release_key(self, job_id, now)
+        if self._released:
+            sweep_released(self, now)
 
     def _gone(self, rec: _Record, now: float) -> bool:
         """A finished record past ``result_ttl`` that is not purged yet."""
@@ -730,8 +735,10 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                 and (ids is None or r.id in ids)
                 and (older_than is None or r.updated_at < older_than)
             ]
+            now = self._clock.time()
             for job_id in doomed:
                 del self._jobs[job_id]
+                release_key(self, job_id, now)
             return len(doomed)
 
     def close(self) -> None:

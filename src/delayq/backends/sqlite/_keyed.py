@@ -2,7 +2,10 @@
 
 The key records live in ``delayq_keyed`` (created with the schema: key -> its
 current job and :meth:`KeyState.to_json`);
-the jobs are ordinary rows, so no other path knows about keys.
+the jobs are ordinary rows, so no other path knows about keys, except the purge
+of finished and dead records, which releases the records of the keys whose
+current run it deleted (``_ops.release_keys``): the table holds the keys in use,
+not every key ever called.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from delayq.backends.sqlite._schema import INSERT
 from delayq.clock import Clock
 from delayq.errors import JobConflict
 from delayq.job import Job, JobSpec, JobState
-from delayq.keyed import Current, KeyedResult, KeyPolicy, KeyState, append_payload, decide
+from delayq.keyed import (
+    Current,
+    Decision,
+    KeyedResult,
+    KeyPolicy,
+    KeyState,
+    append_payload,
+    decide,
+)
 
 
 class SQLiteKeyed:
@@ -54,6 +65,7 @@ class SQLiteKeyed:
             due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
             decision = decide(policy, key, state, current, now=now, due=due)
             if decision.write and decision.create:
+                decision = _first_free_run(conn, decision, cutoff)
                 _insert(
                     conn,
                     spec,
@@ -81,6 +93,26 @@ class SQLiteKeyed:
         if decision.write:
             self._wake_if_earlier(decision.run_at, head)
         return KeyedResult(decision.job_id, decision.outcome, decision.run_at)
+
+
+def _first_free_run(conn: sqlite3.Connection, decision: Decision, cutoff: float) -> Decision:
+    """``decision`` moved past the run ids still held by finished or dead records (a
+    key released by the purge starts again at run 1 while an earlier run 1 may still
+    be a dead letter: never overwrite it). A live job at the id is left for
+    :func:`_insert` to refuse."""
+    state = decision.state
+    while True:
+        row = conn.execute(
+            "SELECT state, updated_at FROM delayq_jobs WHERE id = ?", (state.job_id,)
+        ).fetchone()
+        if row is None or ops.is_expired(row[0], row[1], cutoff):
+            break
+        if row[0] in ("scheduled", "running"):
+            break
+        state = replace(state, runs=state.runs + 1)
+    if state is decision.state:
+        return decision
+    return replace(decision, state=state, job_id=state.job_id)
 
 
 def _current(conn: sqlite3.Connection, job_id: str, cutoff: float) -> Current | None:

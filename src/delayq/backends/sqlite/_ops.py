@@ -62,6 +62,7 @@ __all__ = [
     "next_lease_expiry",
     "purge_dead_batch",
     "purge_finished",
+    "release_keys",
     "wake_failures",
 ]
 
@@ -98,8 +99,9 @@ def count_finished_before(conn: sqlite3.Connection, state: str, cutoff: float) -
     )
 
 
-def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
-    """Delete at most ``PURGE_BATCH`` records past ``result_ttl`` per state.
+def purge_finished(conn: sqlite3.Connection, cutoff: float, now: float) -> bool:
+    """Delete at most ``PURGE_BATCH`` records past ``result_ttl`` per state (and
+    release the keys whose current run they were: :func:`release_keys`).
 
     Bounded so one transaction never holds the write lock for a long purge (a
     lowered ``result_ttl`` on a large store). Returns True when a batch was
@@ -107,32 +109,71 @@ def purge_finished(conn: sqlite3.Connection, cutoff: float) -> bool:
     """
     full = False
     for state in TTL_STATE_VALUES:
-        deleted = conn.execute(
-            "DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs "
-            "WHERE state = ? AND updated_at <= ? LIMIT ?)",
-            (state, cutoff, PURGE_BATCH),
-        ).rowcount
-        full = full or deleted >= PURGE_BATCH
+        gone = [
+            row[0]
+            for row in conn.execute(
+                "DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs "
+                "WHERE state = ? AND updated_at <= ? LIMIT ?) RETURNING id",
+                (state, cutoff, PURGE_BATCH),
+            )
+        ]
+        release_keys(conn, gone, now)
+        full = full or len(gone) >= PURGE_BATCH
     return full
 
 
 def delete_batch(
-    conn: sqlite3.Connection, where: str, params: Sequence[Any], limit: int = PURGE_BATCH
+    conn: sqlite3.Connection,
+    where: str,
+    params: Sequence[Any],
+    limit: int = PURGE_BATCH,
+    *,
+    now: float,
 ) -> int:
-    """Delete at most ``limit`` rows matching ``where``; return how many."""
-    return int(
-        conn.execute(
+    """Delete at most ``limit`` rows matching ``where`` (releasing their keys);
+    return how many."""
+    gone = [
+        row[0]
+        for row in conn.execute(
             f"DELETE FROM delayq_jobs WHERE seq IN (SELECT seq FROM delayq_jobs WHERE {where} "
-            f"LIMIT ?)",
+            f"LIMIT ?) RETURNING id",
             (*params, limit),
-        ).rowcount
-    )
+        )
+    ]
+    release_keys(conn, gone, now)
+    return len(gone)
 
 
-def purge_dead_batch(conn: sqlite3.Connection, cutoff: float) -> bool:
+def purge_dead_batch(conn: sqlite3.Connection, cutoff: float, now: float) -> bool:
     """Delete at most ``PURGE_BATCH`` dead letters buried at or before ``cutoff``
     (``dead_ttl``); True when the batch was full."""
-    return delete_batch(conn, "state = 'dead' AND updated_at <= ?", (cutoff,)) >= PURGE_BATCH
+    where = "state = 'dead' AND updated_at <= ?"
+    return delete_batch(conn, where, (cutoff,), now=now) >= PURGE_BATCH
+
+
+def release_keys(conn: sqlite3.Connection, job_ids: Sequence[str], now: float) -> None:
+    """Drop the key records (``delayq_keyed``) whose current run is one of the deleted
+    ``job_ids``: with its run gone a key's record decides nothing any more, except a
+    throttle window still open, which is kept (its ``job_id`` set to ``''``) until it
+    ends; the next call of a released key starts again at run 1. Then a bounded
+    sweep of such records whose window has ended. Nothing to do in a store that
+    never had a keyed call."""
+    if conn.execute("SELECT 1 FROM delayq_keyed LIMIT 1").fetchone() is None:
+        return
+    for i in range(0, len(job_ids), CHUNK):
+        chunk = job_ids[i : i + CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        conn.execute(
+            f"DELETE FROM delayq_keyed WHERE job_id IN ({marks}) "
+            f"AND json_extract(state, '$[3]') <= ?",
+            (*chunk, now),
+        )
+        conn.execute(f"UPDATE delayq_keyed SET job_id = '' WHERE job_id IN ({marks})", chunk)
+    conn.execute(
+        "DELETE FROM delayq_keyed WHERE key IN (SELECT key FROM delayq_keyed "
+        "WHERE job_id = '' AND json_extract(state, '$[3]') <= ? LIMIT ?)",
+        (now, PURGE_BATCH),
+    )
 
 
 def _expire_lease(

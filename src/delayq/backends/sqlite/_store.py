@@ -345,9 +345,9 @@ class SQLiteBackend(
         """Inside a claim: purge a bounded batch of expired records (about once a
         second, at once again while batches come back full) and end expired leases."""
         if not self._last_purge <= now < self._last_purge + PURGE_EVERY:
-            full = ops.purge_finished(conn, self._cutoff(now))
+            full = ops.purge_finished(conn, self._cutoff(now), now)
             if self._dead_ttl is not None:
-                full = ops.purge_dead_batch(conn, now - self._dead_ttl) or full
+                full = ops.purge_dead_batch(conn, now - self._dead_ttl, now) or full
             self._last_purge = float("-inf") if full else now
         ops.expire_leases(conn, now)
 
@@ -745,7 +745,8 @@ class SQLiteBackend(
         if job_ids is None:
             while True:
                 with self._write("purging dead letters") as conn:
-                    deleted = ops.delete_batch(conn, where, params, PURGE_BATCH)
+                    now = self._clock.time()
+                    deleted = ops.delete_batch(conn, where, params, PURGE_BATCH, now=now)
                 total += deleted
                 if deleted < PURGE_BATCH:
                     return total
@@ -754,10 +755,15 @@ class SQLiteBackend(
             chunk = wanted[i : i + CHUNK]
             marks = ", ".join("?" * len(chunk))
             with self._write("purging dead letters") as conn:
-                total += conn.execute(
-                    f"DELETE FROM delayq_jobs WHERE {where} AND id IN ({marks})",
-                    (*params, *chunk),
-                ).rowcount
+                gone = [
+                    row[0]
+                    for row in conn.execute(
+                        f"DELETE FROM delayq_jobs WHERE {where} AND id IN ({marks}) RETURNING id",
+                        (*params, *chunk),
+                    )
+                ]
+                ops.release_keys(conn, gone, self._clock.time())
+                total += len(gone)
         return total
 
     def close(self) -> None:

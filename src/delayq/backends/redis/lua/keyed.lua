@@ -130,11 +130,16 @@ local key = job_key(job)
 local before = nil
 if write == 'create' or write == 'append_new' then
   local state = live_state(key, job)
+  while state and state ~= 'scheduled' and state ~= 'running' do
+    -- a finished or dead earlier run still holds this id (the key's record was
+    -- released with a later run): take the next id, never overwrite a dead letter
+    new.runs = new.runs + 1
+    job = run_id(new.runs)
+    key = job_key(job)
+    state = live_state(key, job)
+  end
   if state == 'scheduled' or state == 'running' then
     return {'conflict', 'exists', job, state}
-  elseif state then -- a finished earlier run with this id (the record was purged): replaced
-    unindex_final(key, job, state)
-    redis.call('DEL', key)
   end
   before = head_score()
   if write == 'append_new' then
