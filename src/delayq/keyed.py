@@ -271,9 +271,13 @@ def decide(
     """The outcome of one keyed call at ``now`` for a job due at ``due``.
 
     ``state`` is the key's record (None: never seen), ``current`` its current
-    job (None: gone, e.g. purged). Raises JobConflict for a held unique key with
-    ``reject``. Pure: every store calls this (or its Lua copy) inside its
-    atomic step."""
+    job (None: gone, e.g. purged). A record whose current job is gone and whose
+    throttle window (if any) has ended decides nothing any more: the call is a
+    fresh key's (run 1), whether or not the store has dropped the record yet.
+    Raises JobConflict for a held unique key with ``reject``. Pure: every store
+    calls this (or its Lua copy) inside its atomic step."""
+    if state is not None and current is None and state.window_end <= now:
+        state = None  # released with its run
     desc = policy.describe()
     open_ = current is not None and current.state is JobState.SCHEDULED and current.attempts == 0
     live = current is not None and current.state in (JobState.SCHEDULED, JobState.RUNNING)
