@@ -7,7 +7,8 @@
 
 Per store (memory; SQLite ``synchronous=normal`` in a temporary file; Redis at
 ``DELAYQ_REDIS_URL``, default ``redis://127.0.0.1:6379/0``, under a prefix of its
-own that is deleted afterwards, skipped when no server answers): one
+own that is deleted afterwards; PostgreSQL at ``DELAYQ_POSTGRES_URL`` in a schema of its
+own, dropped afterwards; each skipped when no server answers): one
 producer thread makes ``--calls`` keyed calls spread over ``--keys`` keys, first
 ``debounce`` (delay 5 s, max_wait 60 s), then ``append`` (max_items 100), on
 the store's own clock. It reports calls/s per mode, then claims every batch
@@ -71,6 +72,8 @@ def _open(name: str, tmp: str, clock: FakeClock) -> Iterator[Backend | None]:
         yield MemoryBackend(clock=clock)
     elif name == "sqlite-normal":
         yield SQLiteBackend(str(Path(tmp) / "k.db"), clock=clock, synchronous="normal")
+    elif name == "postgres":
+        yield from _postgres(clock)
     else:
         url = os.environ.get("DELAYQ_REDIS_URL", "redis://127.0.0.1:6379/0")
         client = redis.Redis.from_url(url)
@@ -90,11 +93,32 @@ def _open(name: str, tmp: str, clock: FakeClock) -> Iterator[Backend | None]:
             client.close()
 
 
+def _postgres(clock: FakeClock) -> Iterator[Backend | None]:
+    import psycopg  # noqa: PLC0415
+
+    from delayq.backends.postgres import PostgresBackend  # noqa: PLC0415
+
+    url = os.environ.get("DELAYQ_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"delayqbench_{uuid.uuid4().hex[:12]}"
+    try:
+        backend = PostgresBackend(url, schema=schema, clock=clock)
+    except Exception as exc:  # a missing server is a skipped row
+        print(f"{'postgres':14s} skipped: {url}: {exc}")
+        yield None
+        return
+    try:
+        yield backend
+    finally:
+        backend.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--calls", type=int, default=20_000)
-    parser.add_argument("--stores", default="memory,sqlite-normal,redis")
+    parser.add_argument("--stores", default="memory,sqlite-normal,redis,postgres")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores.split(","):

@@ -61,9 +61,7 @@ SKIPPED: dict[str, frozenset[str]] = {
     ),
     "sqlite": frozenset(),
     "redis": frozenset(),
-    # keyed calls are not in this store yet
-    "postgres": KEYED
-    | frozenset(
+    "postgres": frozenset(
         {
             # attempts counted at claim, not from a recorded start (no attempt_at_start yet)
             "test_a_job_whose_leases_keep_expiring_unstarted_is_buried_after_max_unstarted",

@@ -237,3 +237,26 @@ def test_a_migration_from_version_4_builds_the_name_index_concurrently(schema: s
         assert pg_schema_module.migrate(conn, schema) == (4, SCHEMA_VERSION)
     found = _index(schema, "jobs_name")
     assert found is not None and found[0] is True
+
+
+def test_released_key_records_are_swept_by_the_purge(schema: str) -> None:
+    from delayq.keyed import KeyPolicy  # noqa: PLC0415
+
+    clock = FakeClock(1_700_000_000.0)
+    backend = PostgresBackend(POSTGRES_URL, schema=schema, clock=clock, result_ttl=60)
+    policy = KeyPolicy.build("keep", unique="until_finished")
+    assert policy is not None
+    try:
+        for n in range(50):
+            job = JobSpec(id=f"order:{n}", name="t", payload="null", run_at=0.0, delay=0)
+            backend.enqueue_keyed(job, policy)
+        for claim in backend.claim(limit=50, lease=30):
+            backend.ack(claim)
+        with admin() as c:
+            assert c.execute(f'SELECT count(*) FROM "{schema}".keyed').fetchone()[0] == 50
+        clock.advance(120)
+        backend.claim(limit=1, lease=30)  # its housekeeping: the purge, then the sweep
+        with admin() as c:
+            assert c.execute(f'SELECT count(*) FROM "{schema}".keyed').fetchone()[0] == 0
+    finally:
+        backend.close()

@@ -79,6 +79,8 @@ class _Store(Protocol):
 
     def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> None: ...
 
+    def _sweep_keys(self, cur: psycopg.Cursor[Any], params: dict[str, Any]) -> None: ...
+
 
 @contextmanager
 def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
@@ -436,3 +438,4 @@ class PostgresClaims:
                 )
             conn.execute(self._sql.fold_counts, params)
         self._purged(batch, max(cur.rowcount, 0 if dead is None else dead.rowcount))
+        self._sweep_keys(conn.cursor(row_factory=tuple_row), params)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from delayq.backends._common import check_limit, check_list_cursor, check_run_at, readable_json
+from delayq.backends.postgres._schema import quoted
 from delayq.backends.postgres._sql import Statements
 from delayq.codec import decode_payload
 from delayq.errors import InvalidOption
 from delayq.job import Job, JobState, Stats
+from delayq.keyed import KeyState
 
 __all__ = ["PostgresInspection", "to_job"]
 
@@ -53,6 +56,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
 
 class _Store(Protocol):
     _sql: Statements
+    schema: str
 
     def _read(self, doing: str, query: str, params: dict[str, Any]) -> list[Row]: ...
 
@@ -65,8 +69,20 @@ class PostgresInspection:
     """``get``, ``list_jobs``, ``next_due``, ``stats``, ``dead_letters``, ``purge_dead``."""
 
     def get(self: _Store, job_id: str) -> Job | None:
+        """The job, with its key's mode and counters when it is a key's current run."""
         rows = self._read("reading a job", self._sql.get, self._params(id=job_id))
-        return to_job(rows[0]) if rows else None
+        if not rows:
+            return None
+        job = to_job(rows[0])
+        keyed = self._read(
+            "reading a job's key",
+            f"SELECT key, state FROM {quoted(self.schema)}.keyed "
+            f"WHERE queue = %(q)s AND job_id = %(id)s",
+            self._params(id=job_id),
+        )
+        if keyed:
+            job = replace(job, keyed=KeyState.from_json(keyed[0][0], keyed[0][1]).info())
+        return job
 
     def list_jobs(
         self: _Store,

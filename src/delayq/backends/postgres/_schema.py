@@ -17,6 +17,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   ``limits`` (limit records), ``flow_keys`` (each key's rate state) and
   ``flow_groups`` (each group's claims so far); each queue's flags in ``meta``.
 * ``workers``: worker heartbeats by ``(queue, id)`` (migration 7).
+* ``keyed``: keyed calls' key records by ``(queue, key)`` (migration 8, :mod:`._keyed`).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -268,6 +269,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             seen  double precision NOT NULL,  -- its last heartbeat, epoch seconds
             PRIMARY KEY (queue, id)
         )""",
+        ),
+        oldest_reader=4,
+    ),
+    Migration(
+        (
+            # Keyed calls (_keyed.py): key -> its current job and KeyState.to_json().
+            """CREATE TABLE IF NOT EXISTS {s}.keyed (
+            queue  text NOT NULL,
+            key    text NOT NULL,
+            job_id text NOT NULL,  -- the key's current run
+            state  text NOT NULL,  -- JSON: mode, runs, first_at, window_end, counters
+            PRIMARY KEY (queue, key)
+        )""",
+            # a job's key record, for get (Job.keyed)
+            "CREATE INDEX IF NOT EXISTS keyed_job ON {s}.keyed (queue, job_id)",
         ),
         oldest_reader=4,
     ),

@@ -48,6 +48,7 @@ from delayq.backends.postgres._enqueue import PostgresEnqueue
 from delayq.backends.postgres._flow import PostgresLimits
 from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import PostgresInspection
+from delayq.backends.postgres._keyed import PostgresKeyed
 from delayq.backends.postgres._schedules import PostgresSchedules
 from delayq.backends.postgres._sql import Statements
 from delayq.backends.postgres._wake import FALLBACK_WAIT, Listener, channel_name
@@ -93,6 +94,7 @@ class PostgresBackend(
     CompletesInBatches,
     PostgresInspection,
     PostgresWorkers,
+    PostgresKeyed,
 ):
     """The :class:`~delayq.backends.base.Backend` on PostgreSQL (see the package docstring).
 
@@ -144,6 +146,7 @@ class PostgresBackend(
             "transactional_enqueue",
             "recurring",
             "flow_control",
+            "keyed",
         }
     )
 
