@@ -336,7 +336,10 @@ def decide(
                 return Decision(KeyedOutcome.KEPT, new, state.job_id, current.run_at, False)
         return create(due)
     assert policy.max_items is not None
-    if state is not None and open_ and current is not None and state.items < policy.max_items:
+    # Only onto an append batch (items > 0): an open run of another mode holds a
+    # plain payload, so the call starts a batch of its own as the key's next run.
+    batch = state is not None and 0 < state.items < policy.max_items
+    if state is not None and open_ and current is not None and batch:
         new = replace(state, mode=desc, items=state.items + 1, calls=state.calls + 1)
         return Decision(KeyedOutcome.APPENDED, new, state.job_id, current.run_at, True, append=True)
     made = create(due, items=1)

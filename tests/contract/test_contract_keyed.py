@@ -368,3 +368,15 @@ def test_a_throttle_window_outlives_its_runs_purge(open_backend: Any, clock: Fak
     _purge(backend, clock, 600)  # the window ended: released
     result = call(backend, window, "c", delay=0)
     assert result.outcome is KeyedOutcome.CREATED
+
+
+@needs_keyed
+def test_an_append_call_on_a_key_whose_open_run_is_not_a_batch_starts_its_own(
+    backend: Backend,
+) -> None:
+    call(backend, DEBOUNCE, {"plain": 1})
+    result = call(backend, APPEND, "e1")
+    assert (result.id, result.outcome) == ("k#2", KeyedOutcome.CREATED)
+    assert payload_of(backend, "k") == {"plain": 1}  # untouched, still a plain payload
+    assert call(backend, APPEND, "e2").outcome is KeyedOutcome.APPENDED
+    assert payload_of(backend, "k#2") == ["e1", "e2"]

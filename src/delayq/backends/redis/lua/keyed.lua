@@ -118,7 +118,7 @@ elseif mode == 'unique' then
   else
     create(due)
   end
-elseif st and open and st.items < num then
+elseif st and open and st.items > 0 and st.items < num then -- onto an append batch only
   outcome, new, job, run_at = 'appended', copy({items = st.items + 1}), st.job, cur.run_at
   write = 'append'
 else
