@@ -109,7 +109,9 @@ def test_a_connection_blip_charges_no_attempt_to_deliveries_that_never_started(
     backend = RabbitMQBackend(vhost_url(), queue=queue, prefetch=20)
     try:
         backend.enqueue([job(f"j{i:02}", 0, max_attempts=1) for i in range(20)])
-        [first] = claim_within(backend, 1)  # started; the other 19 wait in the consumer
+        # started; the other 19 wait in the consumer. A lease that outlasts the test's
+        # waits (up to 70 s on a loaded machine): its ack must find it held.
+        [first] = claim_within(backend, 1, lease=600)
         assert wait_until(lambda: backend._consumer.buffered() == 19, timeout=10)
         close_connections()
         assert wait_until(lambda: adopted(backend), timeout=30)
