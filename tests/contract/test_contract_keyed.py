@@ -380,3 +380,16 @@ def test_an_append_call_on_a_key_whose_open_run_is_not_a_batch_starts_its_own(
     assert payload_of(backend, "k") == {"plain": 1}  # untouched, still a plain payload
     assert call(backend, APPEND, "e2").outcome is KeyedOutcome.APPENDED
     assert payload_of(backend, "k#2") == ["e1", "e2"]
+
+
+@needs_keyed
+def test_a_new_run_skips_an_id_a_plain_job_already_holds(
+    backend: Backend, clock: FakeClock
+) -> None:
+    backend.enqueue([spec("k#2", clock.time() + 1000, payload="plain")])
+    call(backend, DEBOUNCE, "a", delay=0)
+    [claim] = backend.claim(limit=1, lease=LEASE)
+    assert claim.job.id == "k"  # running: the next call creates the next run...
+    result = call(backend, DEBOUNCE, "b")
+    assert (result.id, result.outcome) == ("k#3", KeyedOutcome.CREATED)  # ...past k#2
+    assert payload_of(backend, "k#2") == "plain" and payload_of(backend, "k#3") == "b"

@@ -94,13 +94,12 @@ def sweep_released(store: MemoryKeyed, now: float) -> None:
 
 
 def _first_free_run(store: MemoryKeyed, decision: Decision, now: float) -> Decision:
-    """``decision`` moved past run ids still held by finished or dead records (a
-    released key starts again at run 1; an earlier run 1 may still be a dead
-    letter). A live job at the id is left for the caller to refuse."""
+    """``decision`` moved past run ids another record still holds: a released key
+    starts again at run 1, and an earlier run (a dead letter, or still running past
+    ``result_ttl``) or a plain job may hold that id; none is ever overwritten."""
     state = decision.state
     while True:
-        old = store._lookup(state.job_id, now)
-        if old is None or old.state in (JobState.SCHEDULED, JobState.RUNNING):
+        if store._lookup(state.job_id, now) is None:
             break
         state = replace(state, runs=state.runs + 1)
     if state is decision.state:

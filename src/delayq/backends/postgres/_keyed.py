@@ -157,12 +157,12 @@ def _job_row(cur: psycopg.Cursor[Any], s: str, queue: str, job_id: str) -> Any:
 def _first_free_run(
     cur: psycopg.Cursor[Any], s: str, queue: str, decision: Decision, *, now: float, ttl: float
 ) -> Decision:
-    """``decision`` moved past run ids still held by finished or dead records (a
-    released key starts again at run 1; an earlier run 1 may be a dead letter)."""
+    """``decision`` moved past run ids another record still holds (a released key
+    starts again at run 1; an earlier run or a plain job may hold the id)."""
     state = decision.state
     while True:
         row = _job_row(cur, s, queue, state.job_id)
-        if row is None or _expired(row[0], row[3], now, ttl) or row[0] in ("scheduled", "running"):
+        if row is None or _expired(row[0], row[3], now, ttl):
             break
         state = replace(state, runs=state.runs + 1)
     if state is decision.state:

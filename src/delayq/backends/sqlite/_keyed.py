@@ -96,18 +96,16 @@ class SQLiteKeyed:
 
 
 def _first_free_run(conn: sqlite3.Connection, decision: Decision, cutoff: float) -> Decision:
-    """``decision`` moved past the run ids still held by finished or dead records (a
-    key released by the purge starts again at run 1 while an earlier run 1 may still
-    be a dead letter: never overwrite it). A live job at the id is left for
-    :func:`_insert` to refuse."""
+    """``decision`` moved past the run ids another record still holds: a key
+    released by the purge starts again at run 1, and an earlier run (a dead letter,
+    or still running past ``result_ttl``) or a plain job may hold that id; none is
+    ever overwritten."""
     state = decision.state
     while True:
         row = conn.execute(
             "SELECT state, updated_at FROM delayq_jobs WHERE id = ?", (state.job_id,)
         ).fetchone()
         if row is None or ops.is_expired(row[0], row[1], cutoff):
-            break
-        if row[0] in ("scheduled", "running"):
             break
         state = replace(state, runs=state.runs + 1)
     if state is decision.state:

@@ -130,9 +130,9 @@ local key = job_key(job)
 local before = nil
 if write == 'create' or write == 'append_new' then
   local state = live_state(key, job)
-  while state and state ~= 'scheduled' and state ~= 'running' do
-    -- a finished or dead earlier run still holds this id (the key's record was
-    -- released with a later run): take the next id, never overwrite a dead letter
+  while state do
+    -- another record holds this id (an earlier run of a released key, a dead letter
+    -- or one still running, or a plain job): take the next id, never overwrite it
     new.runs = new.runs + 1
     job = run_id(new.runs)
     key = job_key(job)
