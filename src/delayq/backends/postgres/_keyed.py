@@ -25,7 +25,6 @@ from delayq.backends._common import TTL_STATES, check_spec
 from delayq.backends.postgres._flow import uses_flow
 from delayq.backends.postgres._schema import quoted
 from delayq.backends.postgres._sql import CUTOFF, NOW, Statements
-from delayq.errors import JobConflict
 from delayq.job import Job, JobSpec, JobState
 from delayq.keyed import (
     Current,
@@ -85,31 +84,10 @@ class PostgresKeyed:
                     f"SELECT {NOW}, %(ttl)s::float8 FROM pg_advisory_xact_lock(hashtext(%(lock)s))",
                     params,
                 ).fetchone()  # type: ignore[misc]
-                found = cur.execute(
-                    f"SELECT state FROM {s}.keyed WHERE queue = %s AND key = %s",
-                    (self.queue, key),
-                ).fetchone()
-                state = None if found is None else KeyState.from_json(key, found[0])
-                current = None
-                if state is not None:
-                    row = _job_row(cur, s, self.queue, state.job_id)
-                    if row is not None and not _expired(row[0], row[3], now, ttl):
-                        current = Current(JobState(row[0]), int(row[1]), float(row[2]))
-                due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
-                decision = decide(policy, key, state, current, now=now, due=due)
-                if decision.write and decision.create:
-                    decision = _first_free_run(cur, s, self.queue, decision, now=now, ttl=ttl)
-                    PostgresKeyed._create(self, cur, s, spec, decision)
-                elif decision.write:
-                    (payload,) = cur.execute(
-                        f"SELECT payload FROM {s}.jobs WHERE queue = %s AND id = %s",
-                        (self.queue, decision.job_id),
-                    ).fetchone()  # type: ignore[misc]
-                    new = append_payload(payload, spec.payload) if decision.append else spec.payload
-                    cur.execute(
-                        f"UPDATE {s}.jobs SET payload = %s, run_at = %s, updated_at = %s, "
-                        f"flow_run_at = NULL, parked = false WHERE queue = %s AND id = %s",
-                        (new, decision.run_at, now, self.queue, decision.job_id),
+                decision = None
+                while decision is None:  # again when a claim took the job meanwhile
+                    decision = PostgresKeyed._decide_and_write(
+                        self, cur, s, spec, policy, now=now, ttl=ttl
                     )
                 cur.execute(
                     f"INSERT INTO {s}.keyed (queue, key, job_id, state) VALUES (%s, %s, %s, %s) "
@@ -121,6 +99,56 @@ class PostgresKeyed:
                 self._told(conn, decision.run_at)
         return KeyedResult(decision.job_id, decision.outcome, decision.run_at)
 
+    def _decide_and_write(
+        self: _Store,
+        cur: psycopg.Cursor[Any],
+        s: str,
+        spec: JobSpec,
+        policy: KeyPolicy,
+        *,
+        now: float,
+        ttl: float,
+    ) -> Decision | None:
+        """Read the key's record and current job, decide, write the job; None when the
+        job to update was claimed since the read (the call is decided again)."""
+        key = spec.id
+        # the record and its current job in one read (after the lock: a read in the
+        # locking statement would use a snapshot from before it)
+        found = cur.execute(
+            f"SELECT k.state, j.state, j.attempts, j.run_at, j.updated_at, j.payload "
+            f"FROM {s}.keyed k LEFT JOIN {s}.jobs j ON j.queue = k.queue "
+            f"AND j.id = k.job_id WHERE k.queue = %s AND k.key = %s",
+            (self.queue, key),
+        ).fetchone()
+        state = None if found is None else KeyState.from_json(key, found[0])
+        current = None
+        if (
+            found is not None
+            and found[1] is not None
+            and not _expired(found[1], found[4], now, ttl)
+        ):
+            current = Current(JobState(found[1]), int(found[2]), float(found[3]))
+        due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
+        decision = decide(policy, key, state, current, now=now, due=due)
+        if decision.write and decision.create:
+            decision, stale = _first_free_run(cur, s, self.queue, decision, now=now, ttl=ttl)
+            PostgresKeyed._create(self, cur, s, spec, decision, stale=stale)
+        elif decision.write:
+            assert found is not None  # an update is of the key's current, open job
+            new = append_payload(found[5], spec.payload) if decision.append else spec.payload
+            # Only while it is still open: a claim does not take the advisory lock, and
+            # an update waiting on the claim's row lock would otherwise change a job
+            # that is running by then.
+            cur.execute(
+                f"UPDATE {s}.jobs SET payload = %s, run_at = %s, updated_at = %s, "
+                f"flow_run_at = NULL, parked = false WHERE queue = %s AND id = %s "
+                f"AND state = 'scheduled' AND attempts = 0",
+                (new, decision.run_at, now, self.queue, decision.job_id),
+            )
+            if cur.rowcount != 1:
+                return None
+        return decision
+
     _key_sweep_after = ""  # where the next sweep of released key records starts
 
     def _sweep_keys(self: _Store, cur: psycopg.Cursor[Any], params: dict[str, Any]) -> None:
@@ -129,14 +157,15 @@ class PostgresKeyed:
         self._key_sweep_after = sweep_keys(cur, self.schema, params, after)  # type: ignore[attr-defined]
 
     def _create(
-        self: _Store, cur: psycopg.Cursor[Any], s: str, spec: JobSpec, decision: Decision
+        self: _Store,
+        cur: psycopg.Cursor[Any],
+        s: str,
+        spec: JobSpec,
+        decision: Decision,
+        *,
+        stale: bool,
     ) -> None:
-        old = _job_row(cur, s, self.queue, decision.job_id)
-        if old is not None and old[0] in ("scheduled", "running"):
-            raise JobConflict(
-                f"job {decision.job_id!r} exists ({old[0]}) and is not a run of its key"
-            )
-        if old is not None:  # expired (past result_ttl, not purged yet)
+        if stale:  # a record at the id past result_ttl, not purged yet
             cur.execute(
                 f"DELETE FROM {s}.jobs WHERE queue = %s AND id = %s", (self.queue, decision.job_id)
             )
@@ -156,18 +185,20 @@ def _job_row(cur: psycopg.Cursor[Any], s: str, queue: str, job_id: str) -> Any:
 
 def _first_free_run(
     cur: psycopg.Cursor[Any], s: str, queue: str, decision: Decision, *, now: float, ttl: float
-) -> Decision:
+) -> tuple[Decision, bool]:
     """``decision`` moved past run ids another record still holds (a released key
-    starts again at run 1; an earlier run or a plain job may hold the id)."""
+    starts again at run 1; an earlier run or a plain job may hold the id), and
+    whether a record past result_ttl (to delete) is at the id it lands on."""
     state = decision.state
     while True:
         row = _job_row(cur, s, queue, state.job_id)
         if row is None or _expired(row[0], row[3], now, ttl):
             break
         state = replace(state, runs=state.runs + 1)
+    stale = row is not None
     if state is decision.state:
-        return decision
-    return replace(decision, state=state, job_id=state.job_id)
+        return decision, stale
+    return replace(decision, state=state, job_id=state.job_id), stale
 
 
 def key_info(conn: psycopg.Connection[Any], schema: str, queue: str, job: Job) -> Job:
