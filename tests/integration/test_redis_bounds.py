@@ -10,7 +10,7 @@ from delayq.backends.redis import RedisBackend
 from delayq.backends.redis import _inspect as inspect_module
 from delayq.backends.redis import _store as store_module
 from delayq.errors import JobConflict
-from delayq.job import JobSpec, JobState
+from delayq.job import CancelOutcome, JobSpec, JobState
 from tests.redis_support import REDIS_URL, redis_prefix
 
 pytestmark = [pytest.mark.redis]
@@ -42,7 +42,7 @@ def now_of(backend: RedisBackend) -> float:
     return float(seconds) + micros / 1e6
 
 
-def test_finished_records_past_the_cap_are_dropped_oldest_first(
+def test_finished_records_past_the_cap_are_kept_compact_until_their_result_ttl(
     open_redis: Callable[..., RedisBackend],
 ) -> None:
     backend = open_redis(max_finished=3)
@@ -50,10 +50,45 @@ def test_finished_records_past_the_cap_are_dropped_oldest_first(
     backend.enqueue([spec(f"j{i}", now - 10 + i) for i in range(6)])
     for claim in backend.claim(limit=6, lease=30.0):
         backend.ack(claim)
-    assert backend.stats().succeeded == 3
-    assert [backend.get(f"j{i}") for i in range(3)] == [None, None, None]
+    assert backend.stats().succeeded == 6  # three full records, three compact ones
     kept = [backend.get(f"j{i}") for i in range(3, 6)]
     assert all(j is not None and j.state is JobState.SUCCEEDED for j in kept)
+    assert all(j is not None and j.payload == {} for j in kept)
+    compact = [backend.get(f"j{i}") for i in range(3)]
+    assert all(j is not None and j.state is JobState.SUCCEEDED for j in compact)
+    assert all(j is not None and j.payload is None and "dropped" in (j.outcome or "")
+               for j in compact)  # fmt: skip
+
+
+def test_a_finished_id_past_the_cap_is_never_scheduled_again_within_its_window(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    # The dedup window: on a busy queue the oldest full records go past
+    # max_finished long before result_ttl; keep / reject / cancel still see them.
+    backend = open_redis(max_finished=2)
+    now = now_of(backend)
+    backend.enqueue([spec(f"o{i}", now - 1) for i in range(12)])
+    for claim in backend.claim(limit=12, lease=30.0):
+        backend.ack(claim)
+    again = backend.enqueue([spec(f"o{i}", now) for i in range(12)], on_conflict="keep")
+    assert [o.value for o in again] == ["kept"] * 12
+    with pytest.raises(JobConflict):
+        backend.enqueue([spec("o0", now)])
+    assert backend.cancel("o0") is CancelOutcome.FINISHED
+    assert backend.claim(limit=12, lease=30.0) == []  # nothing runs twice
+
+
+def test_compact_records_past_their_own_cap_are_dropped_oldest_first(
+    open_redis: Callable[..., RedisBackend],
+) -> None:
+    backend = open_redis(max_finished=1)  # compact records: at most 10
+    now = now_of(backend)
+    backend.enqueue([spec(f"c{i:02}", now - 20 + i) for i in range(15)])
+    for claim in backend.claim(limit=15, lease=30.0):
+        backend.ack(claim)
+    assert backend.stats().succeeded == 11
+    assert [backend.get(f"c{i:02}") for i in range(4)] == [None] * 4
+    assert all(backend.get(f"c{i:02}") is not None for i in range(4, 15))
 
 
 def test_dead_letters_past_the_cap_are_dropped_oldest_first(

@@ -169,8 +169,10 @@ local function live_state(key, id)
   local state = redis.call('HGET', key, 'state')
   if state and K_DONE[state] then
     local expiry = redis.call('ZSCORE', K_DONE[state], id)
+      or redis.call('ZSCORE', K_DONE[state] .. ':compact', id)
     if not expiry or tonumber(expiry) <= NOW_MS then
       redis.call('ZREM', K_DONE[state], id)
+      redis.call('ZREM', K_DONE[state] .. ':compact', id)
       key_expires(key, id, 0)
       redis.call('DEL', key)
       return nil
@@ -226,6 +228,52 @@ local function trim_index(index, state, cap)
   end
 end
 
+-- The finished records past the newest MAX_FINISHED of a state are not dropped
+-- before their result_ttl: they are kept compact (the payload and the error text
+-- dropped, field compact = 1) in a second index, K_DONE[state] .. ":compact",
+-- scored by expiry like the first and capped at COMPACT_FACTOR x MAX_FINISHED, so
+-- get, cancel, on_conflict and keyed calls answer for an id for the whole window
+-- on a busy queue (a dedup window: a kept id is never scheduled again), with memory
+-- per compact record stated in the README. Past that cap the oldest go.
+local COMPACT_FACTOR = 10
+local function trim_finished(state)
+  if MAX_FINISHED <= 0 then
+    return
+  end
+  local index, compact = K_DONE[state], K_DONE[state] .. ':compact'
+  local over = redis.call('ZCARD', index) - MAX_FINISHED
+  if over > 0 then
+    local oldest = redis.call('ZPOPMIN', index, math.min(over, 2))
+    for i = 1, #oldest, 2 do
+      local id, expiry = oldest[i], tonumber(oldest[i + 1])
+      local key = job_key(id)
+      if redis.call('HGET', key, 'state') == state then
+        if expiry > NOW_MS then
+          redis.call('HDEL', key, 'last_error')
+          redis.call('HSET', key, 'payload', 'null', 'compact', '1')
+          redis.call('HSETNX', key, 'outcome', 'its payload and error text were dropped '
+            .. '(past max_finished): only the record is kept until result_ttl')
+          redis.call('ZADD', compact, expiry, id)
+        else
+          key_expires(key, id, 0)
+          redis.call('DEL', key)
+        end
+      end
+    end
+  end
+  over = redis.call('ZCARD', compact) - MAX_FINISHED * COMPACT_FACTOR
+  if over > 0 then
+    local oldest = redis.call('ZPOPMIN', compact, math.min(over, 2))
+    for i = 1, #oldest, 2 do
+      local key = job_key(oldest[i])
+      if redis.call('HGET', key, 'state') == state and redis.call('HGET', key, 'compact') then
+        key_expires(key, oldest[i], 0)
+        redis.call('DEL', key)
+      end
+    end
+  end
+end
+
 -- Record a final state (succeeded / cancelled / skipped); the record expires.
 local function finish(key, id, state)
   if RESULT_TTL_MS <= 0 then
@@ -236,7 +284,7 @@ local function finish(key, id, state)
   redis.call('ZADD', K_DONE[state], NOW_MS + RESULT_TTL_MS, id)
   redis.call('PEXPIRE', key, math.ceil(RESULT_TTL_MS))
   key_expires(key, id, RESULT_TTL_MS)
-  trim_index(K_DONE[state], state, MAX_FINISHED)
+  trim_finished(state)
 end
 
 -- Move a job to the dead-letter set (kept until purged, requeued or past MAX_DEAD).
@@ -385,6 +433,8 @@ local function unindex_final(key, id, state)
     redis.call('ZREM', K_DEAD, id)
   elseif K_DONE[state] then
     redis.call('ZREM', K_DONE[state], id)
+    redis.call('ZREM', K_DONE[state] .. ':compact', id)
+    redis.call('HDEL', key, 'compact')
   end
   redis.call('PERSIST', key)
 end
@@ -438,10 +488,12 @@ local function claim_jobs(REQUEST, limit, lease, max_recover, replay_ms, max_pur
 
   -- Finished records expire by themselves; drop them from the per-state indexes
   -- (a bounded number per call, so a lowered result_ttl never blocks the server).
-  for _, k in pairs(K_DONE) do
-    local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_purge)
-    if #old > 0 then
-      redis.call('ZREM', k, unpack(old))
+  for _, done in pairs(K_DONE) do
+    for _, k in ipairs({done, done .. ':compact'}) do
+      local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(NOW_MS), 'LIMIT', 0, max_purge)
+      if #old > 0 then
+        redis.call('ZREM', k, unpack(old))
+      end
     end
   end
 

@@ -19,9 +19,12 @@ return {
   redis.call('ZCARD', K_DUE) + held,
   redis.call('ZCOUNT', K_DUE, '-inf', fmt(NOW_MS)) + held,
   redis.call('ZCARD', K_RUNNING),
-  redis.call('ZCOUNT', K_DONE.succeeded, live, '+inf'),
+  redis.call('ZCOUNT', K_DONE.succeeded, live, '+inf')
+    + redis.call('ZCOUNT', K_DONE.succeeded .. ':compact', live, '+inf'),
   redis.call('ZCARD', K_DEAD),
-  redis.call('ZCOUNT', K_DONE.cancelled, live, '+inf'),
-  redis.call('ZCOUNT', K_DONE.skipped, live, '+inf'),
+  redis.call('ZCOUNT', K_DONE.cancelled, live, '+inf')
+    + redis.call('ZCOUNT', K_DONE.cancelled .. ':compact', live, '+inf'),
+  redis.call('ZCOUNT', K_DONE.skipped, live, '+inf')
+    + redis.call('ZCOUNT', K_DONE.skipped .. ':compact', live, '+inf'),
   next_due,
 }
