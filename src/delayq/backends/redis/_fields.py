@@ -29,6 +29,10 @@ def when_arg(run_at: float | None, delay: float | None) -> str:
     return repr(run_at) if delay is None else f"+{delay!r}"
 
 
+COMPACT_NOTE = "payload and error text dropped past max_finished; the record is kept to result_ttl"
+"""The outcome ``get`` shows for a finished record kept compact (see ``trim_finished``)."""
+
+
 def job_of(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
     """The job of a hash's fields. ``strict`` (claim) raises on a payload or backoff
     that does not decode; otherwise (inspection) such a field is its raw text."""
@@ -45,7 +49,7 @@ def job_of(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
         created_at=float(f["created_at"]),
         updated_at=float(f["updated_at"]),
         last_error=f.get("last_error"),
-        outcome=f.get("outcome"),
+        outcome=f.get("outcome") or (COMPACT_NOTE if "compact" in f else None),
         lease_until=optional_float(f.get("lease_until")),
         key=f.get("fkey"),
         priority=int(f.get("prio", 0)),

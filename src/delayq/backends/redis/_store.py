@@ -104,9 +104,11 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits, RedisKeyed):
     * ``prefix``: the first part of every key (default ``"delayq"``).
     * ``result_ttl``: seconds finished records (succeeded, cancelled, skipped)
       are kept, 7 days by default (an ``EXPIRE`` on the job hash).
-    * ``max_finished``: at most this many finished records per final state
-      (10,000 by default; 0: no cap); past it the oldest go first, so memory
-      stays bounded whatever the rate. ``max_dead``: the same for dead letters
+    * ``max_finished``: at most this many full finished records per final state
+      (10,000 by default; 0: no cap); past it the oldest are kept compact (no
+      payload or error text) until their ``result_ttl``, at most ten times as
+      many, so ``get``, ``cancel`` and ``on_conflict`` answer for an id the whole
+      window; past that the oldest go, so memory stays bounded whatever the rate. ``max_dead``: the same for dead letters
       (100,000 by default), which otherwise stay until purged or requeued.
     * ``clock``: for tests only. When given (and not the system clock) it
       replaces the server's ``TIME`` everywhere a call is not given ``now=``, and

@@ -236,6 +236,8 @@ end
 -- on a busy queue (a dedup window: a kept id is never scheduled again), with memory
 -- per compact record stated in the README. Past that cap the oldest go.
 local COMPACT_FACTOR = 10
+local COMPACT_FIELDS = {'name', 'state', 'run_at', 'attempts', 'max_attempts', 'misfire',
+  'created_at', 'updated_at', 'outcome', 'kkey', 'fkey', 'prio', 'grp', 'result'}
 local function trim_finished(state)
   if MAX_FINISHED <= 0 then
     return
@@ -249,10 +251,19 @@ local function trim_finished(state)
       local key = job_key(id)
       if redis.call('HGET', key, 'state') == state then
         if expiry > NOW_MS then
-          redis.call('HDEL', key, 'last_error')
-          redis.call('HSET', key, 'payload', 'null', 'compact', '1')
-          redis.call('HSETNX', key, 'outcome', 'its payload and error text were dropped '
-            .. '(past max_finished): only the record is kept until result_ttl')
+          -- written again with only the small fields (a hash of small values is
+          -- a listpack: a fraction of the memory of the record it replaces)
+          local f = redis.call('HMGET', key, unpack(COMPACT_FIELDS))
+          redis.call('DEL', key)
+          local fields = {'payload', 'null', 'backoff', '{}', 'compact', '1'}
+          for j, name in ipairs(COMPACT_FIELDS) do
+            if f[j] then
+              fields[#fields + 1] = name
+              fields[#fields + 1] = f[j]
+            end
+          end
+          redis.call('HSET', key, unpack(fields))
+          redis.call('PEXPIRE', key, math.max(1, math.ceil(expiry - NOW_MS)))
           redis.call('ZADD', compact, expiry, id)
         else
           key_expires(key, id, 0)
