@@ -108,8 +108,9 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits, RedisKeyed):
       (10,000 by default; 0: no cap); past it the oldest are kept compact (no
       payload or error text) until their ``result_ttl``, at most ten times as
       many, so ``get``, ``cancel`` and ``on_conflict`` answer for an id the whole
-      window; past that the oldest go, so memory stays bounded whatever the rate. ``max_dead``: the same for dead letters
-      (100,000 by default), which otherwise stay until purged or requeued.
+      window; past that the oldest go, so memory stays bounded whatever the rate.
+      ``max_dead``: at most this many dead letters (100,000 by default), which
+      otherwise stay until purged or requeued; past it the oldest go.
     * ``clock``: for tests only. When given (and not the system clock) it
       replaces the server's ``TIME`` everywhere a call is not given ``now=``, and
       ``wait_for_due`` waits on it, woken only by handles in this process.
