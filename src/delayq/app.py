@@ -45,6 +45,7 @@ from delayq._build import (
 )
 from delayq._limits import AppLimits
 from delayq._recurring_app import AppRecurring
+from delayq._results_app import AppResults
 from delayq._validate import (
     MAX_DELAY,
     check_datetime,
@@ -117,7 +118,7 @@ class ProducerHook(Protocol):
     def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
-class DelayQ(JobBuilder, AppLimits, AppRecurring):
+class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
     """Schedule durable delayed jobs and register the handlers that run them.
 
     ``url`` names the store (``sqlite:///jobs.db``, ``memory://``,
@@ -193,7 +194,12 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
 
     # -- handlers -----------------------------------------------------------
     def handler(
-        self, name: str, *, replace: bool = False, timeout: float | None = None
+        self,
+        name: str,
+        *,
+        replace: bool = False,
+        timeout: float | None = None,
+        store_result: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function (sync or async) under ``name``.
 
@@ -211,13 +217,16 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         applies when it is None). An async handler is cancelled; a sync one
         cannot be interrupted: its thread is left to it and its late result
         is ignored.
+
+        ``store_result=True`` keeps the return value (JSON data) with the job's
+        finished record, for :meth:`result` (see :mod:`delayq.results`).
         """
         check_name(name)
         if timeout is not None:
             check_option_seconds(timeout, "timeout")
 
         def register(fn: F) -> F:
-            self.register(name, fn, replace=replace, timeout=timeout)
+            self.register(name, fn, replace=replace, timeout=timeout, store_result=store_result)
             return fn
 
         return register
@@ -229,11 +238,14 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         *,
         replace: bool = False,
         timeout: float | None = None,
+        store_result: bool = False,
     ) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         check_name(name)
         if timeout is not None:
             timeout = check_option_seconds(timeout, "timeout")
+        if store_result:
+            self._check_results(f"the results of handler {name!r}")
         if name == TICK_HANDLER:
             raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
@@ -244,6 +256,7 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
             is_async=is_async_callable(fn),
             takes_context=takes_context(name, fn),
             timeout=timeout,
+            store_result=bool(store_result),
         )
         with self._lock:
             if name in self._handlers and not replace:
@@ -261,18 +274,21 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        store_result: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register the decorated function as a typed :class:`~delayq.task.Task`.
 
         ``name`` defaults to ``module.qualname``; fix it to keep jobs running
         across a rename. The job options are the defaults of its jobs.
+        ``store_result=True`` keeps each job's return value (see
+        :mod:`delayq.results`): ``task.schedule(...).result()``.
         """
         options = {"max_attempts": max_attempts, "backoff": backoff, "misfire": misfire}
         options = {k: v for k, v in options.items() if v is not None}
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
-            return Task(self, fn, task_name, timeout=timeout, **options)
+            return Task(self, fn, task_name, timeout=timeout, store_result=store_result, **options)
 
         return register
 

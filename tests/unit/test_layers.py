@@ -37,6 +37,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq._build",
             "delayq._limits",
             "delayq._recurring_app",
+            "delayq._results_app",
+            "delayq.results",
             "delayq._loader",
             "delayq.task",
             "delayq._present",

@@ -43,6 +43,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         last_error=row[11],
         outcome=row[12],
         lease_until=row[13],
+        result=row[16],
     )
 
 

@@ -10,6 +10,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   statement triggers on ``jobs`` and summed up now and then (migration 3).
 * ``meta``: the server start the token sequence was last moved past (migration 3).
 * ``jobs.claim_req``: the request id of the claim call that leased a job (migration 4).
+* ``jobs.result``: a succeeded job's return value, JSON text (migration 5).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -182,6 +183,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS claim_req uuid",
         ),
         oldest_reader=3,
+    ),
+    Migration(
+        (
+            # A succeeded job's return value (JSON text), kept with its finished
+            # record (feature results). Metadata only: no table rewrite.
+            "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS result text",
+        ),
+        oldest_reader=4,
     ),
 )
 

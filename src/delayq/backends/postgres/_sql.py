@@ -29,7 +29,7 @@ CUTOFF = f"({NOW} - %(ttl)s::float8)"
 
 COLUMNS = (
     "id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
-    "created_at, updated_at, last_error, outcome, lease_until, token, seq"
+    "created_at, updated_at, last_error, outcome, lease_until, token, seq, result"
 )
 """The columns every job-reading statement returns, in :func:`_rows.to_job` order."""
 
@@ -207,7 +207,8 @@ class Statements:
                 WHERE j.queue = %(q)s AND j.id = due.id
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
-                          j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+                          j.last_error, j.outcome, j.lease_until, j.token, j.seq,
+                          j.result""",
             # The jobs one claim call (its request id) leased and still holds, their
             # leases renewed: its retry after a lost reply returns them instead of
             # leaving them leased to nobody (the running rows, through jobs_lease).
@@ -241,8 +242,8 @@ class Statements:
                 WITH v AS (
                     SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
                                          %(kinds)s::text[], %(run_ats)s::float8[],
-                                         %(texts)s::text[])
-                        AS v(id, token, kind, run_at, text)),
+                                         %(texts)s::text[], %(results)s::text[])
+                        AS v(id, token, kind, run_at, text, result)),
                 gone AS (
                     DELETE FROM {jobs} j USING v
                     WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
@@ -263,6 +264,7 @@ class Statements:
                                       ELSE v.text END,
                     outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
                                    ELSE j.outcome END,
+                    result = CASE WHEN v.kind = 'succeeded' THEN v.result ELSE j.result END,
                     lease_until = NULL,
                     updated_at = {NOW}
                 FROM v

@@ -134,6 +134,7 @@ class PostgresBackend(
             "inspect",
             "transactional_enqueue",
             "recurring",
+            "results",
         }
     )
 

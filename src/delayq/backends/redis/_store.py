@@ -161,6 +161,7 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits):
             "inspect",
             "recurring",
             "flow_control",
+            "results",
         }
     )
 
