@@ -655,6 +655,20 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
         """The store this app talks to."""
         return self._backend
 
+    def swap_store(self, backend: Backend, clock: Clock) -> tuple[Backend, Clock]:
+        """Talk to ``backend`` on ``clock`` from now on; return the store and clock
+        this app used until now (to swap them back). For tests
+        (:func:`delayq.testing.inline`); the app does not close either store."""
+        if not isinstance(backend, Backend):
+            raise ConfigurationError(
+                f"backend must implement the delayq Backend protocol, got {backend!r}"
+            )
+        with self._lock:
+            saved = (self._backend, self.clock)
+            self._backend, self.clock = backend, clock
+            self._no_flow_control = None if "flow_control" in backend.features else backend.url
+        return saved
+
     @property
     def url(self) -> str:
         """The store's URL (credentials masked)."""

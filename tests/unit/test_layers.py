@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli front end", ("delayq.cli",)),
     ("web front end", ("delayq.web",)),
     ("plug-ins", ("delayq.observe", "delayq.metrics", "delayq.otel")),
+    ("testing", ("delayq.testing", "delayq.pytest_plugin")),
     ("worker", ("delayq.worker",)),
     (
         "app",
@@ -46,7 +47,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("recurring", ("delayq.recurring",)),
-    ("testing", ("delayq.testing",)),
     ("stores", ("delayq.backends",)),
     ("timers", ("delayq.timers",)),
     (
