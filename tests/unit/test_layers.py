@@ -25,6 +25,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "delayq"
 # Top to bottom; a module may import modules of its own layer or of any layer below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("package facade", ("delayq", "delayq.__main__")),
+    ("integrations front end", ("delayq.integrations",)),
     ("cli front end", ("delayq.cli",)),
     ("web front end", ("delayq.web",)),
     ("plug-ins", ("delayq.observe", "delayq.metrics", "delayq.otel")),
