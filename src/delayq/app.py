@@ -43,6 +43,7 @@ from delayq._build import (
     is_async_callable,
     takes_context,
 )
+from delayq._commit_app import AppCommitHook
 from delayq._limits import AppLimits
 from delayq._recurring_app import AppRecurring
 from delayq._results_app import AppResults
@@ -118,7 +119,7 @@ class ProducerHook(Protocol):
     def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
-class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
+class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
     """Schedule durable delayed jobs and register the handlers that run them.
 
     ``url`` names the store (``sqlite:///jobs.db``, ``memory://``,
@@ -328,6 +329,7 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
         trailing: bool | None = None,
         unique: Unique | None = None,
         max_items: int | None = None,
+        on_commit: bool = False,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -371,6 +373,11 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
         (``trailing=True``); ``unique="until_finished" | "until_started" |
         seconds`` with ``"keep"`` or ``"reject"``; ``"append", max_items=100``.
         The id returned is the job acted on (``key``, then ``key#2``...).
+
+        ``on_commit=True`` stores the job only once the caller's database
+        transaction commits (nothing when it rolls back), through the commit hook
+        an integration installed (see :mod:`delayq._commit_app`); the arguments
+        are checked and the id returned at once.
         """
         keyed = KeyPolicy.build(
             on_conflict,
@@ -381,8 +388,8 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
             max_items=max_items,
         )
         if keyed is not None:
-            if connection is not None:
-                raise InvalidOption("connection= does not apply to keyed calls")
+            if connection is not None or on_commit:
+                raise InvalidOption("connection= and on_commit= do not apply to keyed calls")
             spec = self.build(
                 name, payload, delay=delay, at=at, job_id=job_id, max_attempts=max_attempts,
                 backoff=backoff, misfire=misfire, key=key, priority=priority, group=group,
@@ -402,6 +409,10 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults):
             priority=priority,
             group=group,
         )
+        if on_commit:
+            if connection is not None:
+                raise InvalidOption("give connection= or on_commit=True, not both")
+            return self._enqueue_on_commit(spec, policy)
         if self._hooks or connection is not None:
             return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)

@@ -137,6 +137,7 @@ class Task(Generic[P, R]):
         key: str | None = None,
         priority: int = 0,
         group: str | None = None,
+        on_commit: bool = False,
     ) -> TaskCall[P, R]:
         """The job options of one scheduling call (those of :meth:`DelayQ.schedule`)."""
         given = {"max_attempts": max_attempts, "backoff": backoff, "misfire": misfire}
@@ -150,6 +151,8 @@ class Task(Generic[P, R]):
             priority=priority,
             group=group,
         )
+        if on_commit:
+            merged["on_commit"] = True
         return TaskCall(self, merged)
 
     def cancel(self, job_id: str) -> CancelOutcome:

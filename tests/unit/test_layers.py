@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq._limits",
             "delayq._recurring_app",
             "delayq._results_app",
+            "delayq._commit_app",
             "delayq.results",
             "delayq._loader",
             "delayq.task",

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from delayq.app import DelayQ
+from delayq.clock import SystemClock
 from delayq.codec import encode_result
 from delayq.errors import InvalidResult
 from delayq.job import Claim, JobContext
@@ -29,15 +30,17 @@ INLINE_LEASE = 300.0
 
 
 def run_due(app: DelayQ, *, limit: int = 10_000) -> list[JobResult]:
-    """Run every job of ``app`` due now (on ``app.clock``), oldest first, in this
-    thread, including retries that fall due now; return what happened to each
-    attempt. At most ``limit`` attempts (a guard against a chain that never
-    stops being due)."""
+    """Run every job of ``app`` due now (on ``app.clock``, or the store's own clock
+    when the app runs on the real one), oldest first, in this thread, including
+    retries that fall due now; return what happened to each attempt. At most
+    ``limit`` attempts (a guard against a chain that never stops being due)."""
     backend = app.backend
     keep_attempt = "attempt_at_start" in backend.features
+    real = isinstance(app.clock, SystemClock)  # "due" is then the store's own now
     results: list[JobResult] = []
     while len(results) < limit:
-        claims = backend.claim(limit=1, lease=INLINE_LEASE, now=app.clock.time())
+        now = None if real else app.clock.time()
+        claims = backend.claim(limit=1, lease=INLINE_LEASE, now=now)
         if not claims:
             break
         results.append(_run_one(app, claims[0], keep_attempt))
