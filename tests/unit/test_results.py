@@ -207,3 +207,17 @@ def test_a_store_without_results_refuses_them_clearly() -> None:
     with pytest.raises(Unsupported, match="cannot keep results"):
         app.result("j1")
     app.register("y", lambda p: None)  # without results: fine
+
+
+def test_the_json_views_and_the_async_api_show_a_kept_result(h: Harness) -> None:
+    from delayq._present import job_dict  # noqa: PLC0415
+    from delayq.aio import AsyncDelayQ  # noqa: PLC0415
+
+    h.app.register("sum", lambda payload: {"total": sum(payload)}, store_result=True)
+    h.start()
+    job_id = h.app.schedule("sum", [2, 3])
+    assert h.next_result().outcome == "succeeded"
+    assert job_dict(h.job(job_id))["result"] == {"total": 5}
+    other = h.app.schedule("sum", delay=60)
+    assert "result" not in job_dict(h.job(other))
+    assert asyncio.run(AsyncDelayQ(app=h.app).result(job_id, timeout=0)) == {"total": 5}
