@@ -13,7 +13,8 @@ store_result=True)``); a typed task's ``schedule`` returns a :class:`JobHandle`:
 
 The value is stored as JSON (at most :data:`~delayq.codec.DEFAULT_MAX_RESULT_BYTES`,
 64 KiB) in the job's finished record, so it lives as long as the record does
-(the store's ``result_ttl``) and is gone when the job is replaced. A return
+(the store's ``result_ttl``; on Redis also at most ``max_finished`` records per
+state) and is gone when the job is replaced. A return
 value that is not JSON data, or too big, fails the job at once: it is
 dead-lettered with :class:`~delayq.errors.InvalidResult` (or
 :class:`~delayq.errors.ResultTooLarge`) as its error, without a retry (the
