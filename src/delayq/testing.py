@@ -36,7 +36,7 @@ from typing import Any, cast
 from delayq.app import DelayQ
 from delayq.backends import Backend
 from delayq.backends.memory import MemoryBackend
-from delayq.errors import ConfigurationError
+from delayq.errors import ConfigurationError, ResultTimeout
 from delayq.worker import JobResult, run_due
 
 __all__ = ["FakeClock", "InlineApp", "MemoryBackend", "advance", "inline", "run_due"]
@@ -254,6 +254,21 @@ class InlineApp(DelayQ):
     def advance(self, seconds: float) -> list[JobResult]:
         """Move the clock forward, running what falls due on the way (:func:`advance`)."""
         return advance(self, seconds)
+
+    def result(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
+        """The job's value or final error now: nothing advances this app's clock while
+        the test waits, so a job not finished yet raises ResultTimeout at once."""
+        try:
+            return super().result(job_id, timeout=0)
+        except ResultTimeout as exc:
+            raise ResultTimeout(
+                f"{exc}: it is not finished, and in test mode it runs only when the test "
+                f"advances the clock (app.advance(seconds), app.run_due())"
+            ) from None
+
+    async def aresult(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
+        """:meth:`result` for async code."""
+        return self.result(job_id, timeout=timeout)
 
     def close(self) -> None:
         """Close the app and its memory store."""

@@ -106,3 +106,18 @@ def test_the_pytest_fixtures_give_an_inline_app_on_the_clock(
     assert [r.outcome for r in delayq_app.run_due()] == ["succeeded"]
     job = delayq_app.get(job_id)
     assert job is not None and job.state is JobState.SUCCEEDED
+
+
+def test_an_inline_app_says_at_once_that_a_job_is_not_finished() -> None:
+    from delayq.errors import ResultTimeout  # noqa: PLC0415
+
+    app = InlineApp()
+    app.register("later", lambda payload: 7, store_result=True)
+    job_id = app.schedule("later", delay=60)
+    with pytest.raises(ResultTimeout, match="advances the clock"):
+        app.result(job_id)
+    with pytest.raises(ResultTimeout, match="advances the clock"):
+        asyncio.run(app.aresult(job_id))
+    app.advance(60)
+    assert app.result(job_id) == 7
+    app.close()
