@@ -21,12 +21,19 @@ from delayq.errors import (
     InvalidJobId,
     InvalidOption,
     InvalidPayload,
+    InvalidResult,
+    JobCancelled,
     JobConflict,
+    JobDidNotSucceed,
+    JobFailed,
     JobNotFound,
+    JobSkipped,
     MissingDependency,
     PayloadTooLarge,
     QueueClosed,
     QueueFull,
+    ResultTimeout,
+    ResultTooLarge,
     StaleClaim,
     UnknownHandler,
     Unsupported,
@@ -42,6 +49,7 @@ from delayq.job import (
 )
 from delayq.keyed import KeyedOutcome, KeyedResult
 from delayq.recurring import MissedRuns, Schedule, ScheduleStatus
+from delayq.results import JobHandle
 from delayq.task import Task, TaskCall
 from delayq.timers.async_delay_queue import AsyncDelayQueue
 from delayq.timers.base import Timer, TimerHandle
@@ -78,11 +86,17 @@ __all__ = [
     "InvalidJobId",
     "InvalidOption",
     "InvalidPayload",
+    "InvalidResult",
     "Job",
+    "JobCancelled",
     "JobConflict",
     "JobContext",
+    "JobDidNotSucceed",
+    "JobFailed",
+    "JobHandle",
     "JobNotFound",
     "JobResult",
+    "JobSkipped",
     "JobState",
     "KeyInfo",
     "KeyedOutcome",
@@ -94,6 +108,8 @@ __all__ = [
     "QueueClosed",
     "QueueFull",
     "RescheduleOutcome",
+    "ResultTimeout",
+    "ResultTooLarge",
     "RetryQueue",
     "SYSTEM_CLOCK",
     "Schedule",

@@ -15,7 +15,7 @@ import sys
 from delayq.app import URL_ENV, DelayQ
 from delayq.errors import ConfigurationError, InvalidOption
 
-__all__ = ["app_target", "load_app"]
+__all__ = ["app_target", "import_modules", "load_app"]
 
 
 def load_app(target: str, url: str | None = None) -> DelayQ:
@@ -51,6 +51,18 @@ def load_app(target: str, url: str | None = None) -> DelayQ:
             f"{target} is a {type(obj).__name__}, not a DelayQ app (or a function returning one)"
         )
     return obj
+
+
+def import_modules(names: list[str]) -> None:
+    """Import the user's modules named in a configuration (the Django setting
+    ``DELAYQ["MODULES"]``: the handlers they register), as :func:`load_app` does."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(f"cannot import {name!r}: {exc}") from exc
 
 
 def app_target(app: DelayQ) -> str | None:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -102,7 +103,9 @@ def relative(epoch: float | None, now: float) -> str:
 def job_dict(job: Job) -> dict[str, Any]:
     """A job as JSON-ready data (times as epoch seconds, the due time also as ISO 8601 UTC);
     a job under flow control also shows its key, priority, group and ``throttled_until``;
-    a keyed job's current run its key's mode and counters (``keyed``)."""
+    a keyed job's current run its key's mode and counters (``keyed``); a succeeded job
+    that kept its return value, that value (``result``, its raw text if it does not
+    decode)."""
     data = {
         "id": job.id,
         "name": job.name,
@@ -129,6 +132,11 @@ def job_dict(job: Job) -> dict[str, Any]:
         )
     if job.keyed is not None:  # the current run of a keyed call's key: its mode and counters
         data["keyed"] = dataclasses.asdict(job.keyed)
+    if job.result is not None:
+        try:
+            data["result"] = json.loads(job.result)
+        except ValueError:
+            data["result"] = job.result
     return data
 
 

@@ -197,6 +197,11 @@ class AsyncDelayQ:
             return await native.get(check_job_id(job_id))  # type: ignore[no-any-return]
         return await asyncio.to_thread(self.app.get, job_id)
 
+    async def result(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
+        """The return value of job ``job_id`` once it finished (:meth:`DelayQ.result`),
+        waited for without blocking the loop."""
+        return await self.app.aresult(job_id, timeout=timeout)
+
     async def list_jobs(
         self,
         *,

@@ -43,8 +43,10 @@ from delayq._build import (
     is_async_callable,
     takes_context,
 )
+from delayq._commit_app import AppCommitHook
 from delayq._limits import AppLimits
 from delayq._recurring_app import AppRecurring
+from delayq._results_app import AppResults
 from delayq._validate import (
     MAX_DELAY,
     check_datetime,
@@ -117,7 +119,7 @@ class ProducerHook(Protocol):
     def after_cancel(self, job_id: str, outcome: CancelOutcome) -> None: ...
 
 
-class DelayQ(JobBuilder, AppLimits, AppRecurring):
+class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
     """Schedule durable delayed jobs and register the handlers that run them.
 
     ``url`` names the store (``sqlite:///jobs.db``, ``memory://``,
@@ -193,7 +195,12 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
 
     # -- handlers -----------------------------------------------------------
     def handler(
-        self, name: str, *, replace: bool = False, timeout: float | None = None
+        self,
+        name: str,
+        *,
+        replace: bool = False,
+        timeout: float | None = None,
+        store_result: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function (sync or async) under ``name``.
 
@@ -211,13 +218,16 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         applies when it is None). An async handler is cancelled; a sync one
         cannot be interrupted: its thread is left to it and its late result
         is ignored.
+
+        ``store_result=True`` keeps the return value (JSON data) with the job's
+        finished record, for :meth:`result` (see :mod:`delayq.results`).
         """
         check_name(name)
         if timeout is not None:
             check_option_seconds(timeout, "timeout")
 
         def register(fn: F) -> F:
-            self.register(name, fn, replace=replace, timeout=timeout)
+            self.register(name, fn, replace=replace, timeout=timeout, store_result=store_result)
             return fn
 
         return register
@@ -229,11 +239,14 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         *,
         replace: bool = False,
         timeout: float | None = None,
+        store_result: bool = False,
     ) -> Handler:
         """Register ``fn`` under ``name`` (the non-decorator form of :meth:`handler`)."""
         check_name(name)
         if timeout is not None:
             timeout = check_option_seconds(timeout, "timeout")
+        if store_result:
+            self._check_results(f"the results of handler {name!r}")
         if name == TICK_HANDLER:
             raise ConfigurationError(f"{TICK_HANDLER!r} is the built-in handler of recurring ticks")
         if not callable(fn):
@@ -244,6 +257,7 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
             is_async=is_async_callable(fn),
             takes_context=takes_context(name, fn),
             timeout=timeout,
+            store_result=bool(store_result),
         )
         with self._lock:
             if name in self._handlers and not replace:
@@ -261,18 +275,21 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         max_attempts: int | None = None,
         backoff: BackoffArg = None,
         misfire: MisfireArg = None,
+        store_result: bool = False,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register the decorated function as a typed :class:`~delayq.task.Task`.
 
         ``name`` defaults to ``module.qualname``; fix it to keep jobs running
         across a rename. The job options are the defaults of its jobs.
+        ``store_result=True`` keeps each job's return value (see
+        :mod:`delayq.results`): ``task.schedule(...).result()``.
         """
         options = {"max_attempts": max_attempts, "backoff": backoff, "misfire": misfire}
         options = {k: v for k, v in options.items() if v is not None}
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
-            return Task(self, fn, task_name, timeout=timeout, **options)
+            return Task(self, fn, task_name, timeout=timeout, store_result=store_result, **options)
 
         return register
 
@@ -312,6 +329,7 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         trailing: bool | None = None,
         unique: Unique | None = None,
         max_items: int | None = None,
+        on_commit: bool = False,
     ) -> str:
         """Schedule handler ``name`` to run with ``payload``; return the job id.
 
@@ -355,6 +373,11 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
         (``trailing=True``); ``unique="until_finished" | "until_started" |
         seconds`` with ``"keep"`` or ``"reject"``; ``"append", max_items=100``.
         The id returned is the job acted on (``key``, then ``key#2``...).
+
+        ``on_commit=True`` stores the job only once the caller's database
+        transaction commits (nothing when it rolls back), through the commit hook
+        an integration installed (see :mod:`delayq._commit_app`); the arguments
+        are checked and the id returned at once.
         """
         keyed = KeyPolicy.build(
             on_conflict,
@@ -365,8 +388,8 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
             max_items=max_items,
         )
         if keyed is not None:
-            if connection is not None:
-                raise InvalidOption("connection= does not apply to keyed calls")
+            if connection is not None or on_commit:
+                raise InvalidOption("connection= and on_commit= do not apply to keyed calls")
             spec = self.build(
                 name, payload, delay=delay, at=at, job_id=job_id, max_attempts=max_attempts,
                 backoff=backoff, misfire=misfire, key=key, priority=priority, group=group,
@@ -386,6 +409,10 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
             priority=priority,
             group=group,
         )
+        if on_commit:
+            if connection is not None:
+                raise InvalidOption("give connection= or on_commit=True, not both")
+            return self._enqueue_on_commit(spec, policy)
         if self._hooks or connection is not None:
             return self._store([spec], policy, connection)[0][0].id
         self._backend.enqueue([spec], on_conflict=policy)
@@ -638,6 +665,20 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring):
     def backend(self) -> Backend:
         """The store this app talks to."""
         return self._backend
+
+    def swap_store(self, backend: Backend, clock: Clock) -> tuple[Backend, Clock]:
+        """Talk to ``backend`` on ``clock`` from now on; return the store and clock
+        this app used until now (to swap them back). For tests
+        (:func:`delayq.testing.inline`); the app does not close either store."""
+        if not isinstance(backend, Backend):
+            raise ConfigurationError(
+                f"backend must implement the delayq Backend protocol, got {backend!r}"
+            )
+        with self._lock:
+            saved = (self._backend, self.clock)
+            self._backend, self.clock = backend, clock
+            self._no_flow_control = None if "flow_control" in backend.features else backend.url
+        return saved
 
     @property
     def url(self) -> str:

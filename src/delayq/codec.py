@@ -15,11 +15,19 @@ import sys
 from typing import Any
 
 from delayq._validate import check_int, utf8_problem
-from delayq.errors import InvalidPayload, PayloadTooLarge
+from delayq.errors import InvalidPayload, InvalidResult, PayloadTooLarge, ResultTooLarge
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "JSONValue", "decode_payload", "encode_payload"]
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MAX_RESULT_BYTES",
+    "JSONValue",
+    "decode_payload",
+    "encode_payload",
+    "encode_result",
+]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB
+DEFAULT_MAX_RESULT_BYTES = 64 << 10  # 64 KiB: a result is kept with every finished record
 
 JSONValue = Any  # dict[str, JSONValue] | list[JSONValue] | str | int | float | bool | None
 
@@ -28,15 +36,15 @@ _BIG_INT_BITS = 2000
 limit on int-to-text conversion (``sys.get_int_max_str_digits()``, at least 640)."""
 
 
-def _check(value: object, path: str, depth: int) -> None:
+def _check(value: object, path: str, depth: int, what: str = "payload") -> None:
     if depth > 500:
-        raise InvalidPayload(f"payload is nested more than 500 levels deep at {path}")
+        raise InvalidPayload(f"{what} is nested more than 500 levels deep at {path}")
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
         problem = utf8_problem(value)
         if problem is not None:
-            raise InvalidPayload(f"payload{path} {problem}")
+            raise InvalidPayload(f"{what}{path} {problem}")
         return
     if isinstance(value, int):
         if value.bit_length() > _BIG_INT_BITS:
@@ -44,32 +52,32 @@ def _check(value: object, path: str, depth: int) -> None:
                 int.__repr__(value)  # what json does
             except ValueError:
                 raise InvalidPayload(
-                    f"payload{path} is an int with more than {sys.get_int_max_str_digits()} "
+                    f"{what}{path} is an int with more than {sys.get_int_max_str_digits()} "
                     f"digits, which Python will not convert to JSON text; send it as a str"
                 ) from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidPayload(f"payload{path} is {value!r}, which JSON cannot represent")
+            raise InvalidPayload(f"{what}{path} is {value!r}, which JSON cannot represent")
         return
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidPayload(
-                    f"payload{path} has a key {k!r} of type {type(k).__name__}; "
+                    f"{what}{path} has a key {k!r} of type {type(k).__name__}; "
                     f"JSON object keys must be str"
                 )
             problem = utf8_problem(k)
             if problem is not None:
-                raise InvalidPayload(f"payload{path} has a key {k!r} that {problem}")
-            _check(v, f"{path}[{k!r}]", depth + 1)
+                raise InvalidPayload(f"{what}{path} has a key {k!r} that {problem}")
+            _check(v, f"{path}[{k!r}]", depth + 1, what)
         return
     if isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            _check(v, f"{path}[{i}]", depth + 1)
+            _check(v, f"{path}[{i}]", depth + 1, what)
         return
     raise InvalidPayload(
-        f"payload{path or ''} is a {type(value).__name__} ({value!r:.60}); payloads must be "
+        f"{what}{path or ''} is a {type(value).__name__} ({value!r:.60}); {what}s must be "
         f"JSON data: dict, list, str, int, float, bool or None"
     )
 
@@ -93,6 +101,29 @@ def encode_payload(payload: object, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTE
             raise PayloadTooLarge(
                 f"payload is {size} bytes as JSON; the limit is {max_bytes} bytes "
                 f"(set max_payload_bytes to change it)"
+            )
+    return text
+
+
+def encode_result(value: object, *, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> str:
+    """A handler's return value as compact JSON text, checked like a payload.
+
+    Raises :class:`InvalidResult` for non-JSON data and :class:`ResultTooLarge`
+    when the UTF-8 encoding exceeds ``max_bytes``.
+    """
+    try:
+        _check(value, "", 0, "result")
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except InvalidPayload as exc:
+        raise InvalidResult(str(exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidResult(f"result cannot be encoded as JSON: {exc}") from exc
+    if len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise ResultTooLarge(
+                f"result is {size} bytes as JSON; the limit is {max_bytes} bytes "
+                f"(return less, or store it elsewhere and return its key)"
             )
     return text
 

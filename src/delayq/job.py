@@ -243,6 +243,7 @@ class Job:
     group: str | None = None
     throttled_until: float | None = None  # due, but over its key's rate until then
     keyed: KeyInfo | None = None  # the current job of a keyed call's key (delayq.keyed)
+    result: str | None = None  # a succeeded job's return value as JSON text (None: none kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +375,8 @@ class Handler:
     ``takes_context`` is true when the function accepts a second positional
     argument: it is then called as ``fn(payload, ctx)``, else as ``fn(payload)``.
     ``timeout`` (seconds, None for the worker's default) bounds one attempt.
+    ``store_result``: the return value is kept with the finished record (see
+    :mod:`delayq.results`).
     """
 
     name: str
@@ -381,6 +384,7 @@ class Handler:
     is_async: bool
     takes_context: bool
     timeout: float | None = None
+    store_result: bool = False
 
     def call(self, payload: Any, ctx: JobContext) -> Any:
         """Call the function (returns a coroutine for an async handler)."""

@@ -10,6 +10,11 @@
     cancel_order.options(delay=1800, job_id="cancel-42").schedule(42, reason="fraud")
     cancel_order.cancel("cancel-42")
 
+    @app.task(store_result=True)
+    def total(order_id: int) -> Receipt: ...
+
+    total.schedule(42).result(timeout=30)                     # a Receipt (see delayq.results)
+
 ``schedule`` is typed with the function's ``ParamSpec``, so a type checker
 rejects a wrong or missing argument at the call site. Job options cannot sit
 in the same call (``ParamSpec`` allows no keywords after ``*args``), hence
@@ -36,6 +41,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 from delayq._build import BackoffArg, MisfireArg, WhenArg
 from delayq.errors import InvalidPayload
 from delayq.job import CancelOutcome, OnConflict
+from delayq.results import JobHandle
 
 __all__ = ["Task", "TaskCall"]
 
@@ -54,6 +60,10 @@ class TaskApp(Protocol):
 
     @property
     def cancel(self) -> Callable[[str], CancelOutcome]: ...
+
+    def result(self, job_id: str, *, timeout: float | None = ...) -> Any: ...
+
+    async def aresult(self, job_id: str, *, timeout: float | None = ...) -> Any: ...
 
 
 def _to_json(value: Any) -> Any:
@@ -83,6 +93,10 @@ def _from_json(value: Any, annotation: Any) -> Any:
     return value
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 class Task(Generic[P, R]):
     """A function registered under ``name``: call it, or schedule it as a job."""
 
@@ -92,15 +106,22 @@ class Task(Generic[P, R]):
         self.name = name
         self._job_options = job_options
         self._signature = inspect.signature(fn)
+        self.store_result = bool(job_options.pop("store_result", False))
         functools.update_wrapper(self, fn)
-        app.register(name, self._run_payload(), timeout=job_options.pop("timeout", None))
+        app.register(
+            name,
+            self._run_payload(),
+            timeout=job_options.pop("timeout", None),
+            store_result=self.store_result,
+        )
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function here and now (no job)."""
         return self.fn(*args, **kwargs)
 
-    def schedule(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Schedule a job due now running ``fn(*args, **kwargs)``; return its id."""
+    def schedule(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
+        """Schedule a job due now running ``fn(*args, **kwargs)``; return its handle
+        (a ``str``: the job id; ``.result()`` waits for its return value)."""
         return self.options().schedule(*args, **kwargs)
 
     def options(
@@ -116,6 +137,7 @@ class Task(Generic[P, R]):
         key: str | None = None,
         priority: int = 0,
         group: str | None = None,
+        on_commit: bool = False,
     ) -> TaskCall[P, R]:
         """The job options of one scheduling call (those of :meth:`DelayQ.schedule`)."""
         given = {"max_attempts": max_attempts, "backoff": backoff, "misfire": misfire}
@@ -129,6 +151,8 @@ class Task(Generic[P, R]):
             priority=priority,
             group=group,
         )
+        if on_commit:
+            merged["on_commit"] = True
         return TaskCall(self, merged)
 
     def cancel(self, job_id: str) -> CancelOutcome:
@@ -143,8 +167,18 @@ class Task(Generic[P, R]):
             raise InvalidPayload(f"task {self.name!r}: {exc}") from None
         return {"args": _to_json(list(args)), "kwargs": _to_json(kwargs)}
 
+    def result(self, job_id: str, *, timeout: float | None = 30.0) -> R:
+        """The return value of this task's job ``job_id`` (see :meth:`JobHandle.result`)."""
+        return JobHandle(job_id, self.app, self._decode_result).result(timeout)
+
+    def _decode_result(self, value: Any) -> R:
+        """A stored return value rebuilt as the function's return annotation says."""
+        hints = typing.get_type_hints(self.fn)
+        return _from_json(value, hints.get("return"))  # type: ignore[no-any-return]
+
     def _run_payload(self) -> Callable[[Any], Any]:
         fn, signature, name = self.fn, self._signature, self.name
+        out: Callable[[Any], Any] = _to_json if self.store_result else _same
 
         def rebuild(payload: Any) -> tuple[list[Any], dict[str, Any]]:
             if not isinstance(payload, dict) or set(payload) - {"args", "kwargs"}:
@@ -160,13 +194,13 @@ class Task(Generic[P, R]):
 
             async def run_async(payload: Any) -> Any:
                 args, kwargs = rebuild(payload)
-                return await fn(*args, **kwargs)
+                return out(await fn(*args, **kwargs))
 
             return run_async
 
         def run(payload: Any) -> Any:
             args, kwargs = rebuild(payload)
-            return fn(*args, **kwargs)
+            return out(fn(*args, **kwargs))
 
         return run
 
@@ -181,7 +215,9 @@ class TaskCall(Generic[P, R]):
         self.task = task
         self._options = options
 
-    def schedule(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Schedule ``task(*args, **kwargs)`` with these options; return the job id."""
+    def schedule(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
+        """Schedule ``task(*args, **kwargs)`` with these options; return the job's
+        handle (a ``str``: the job id)."""
         task = self.task
-        return task.app.schedule(task.name, task.payload(*args, **kwargs), **self._options)
+        job_id = task.app.schedule(task.name, task.payload(*args, **kwargs), **self._options)
+        return JobHandle(job_id, task.app, task._decode_result)

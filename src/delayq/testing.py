@@ -7,19 +7,39 @@ deadline, so time-dependent behaviour is tested exactly and without real sleeps.
 
 :class:`~delayq.backends.memory.MemoryBackend` is the in-memory store: run an
 app and its handlers against ``MemoryBackend(clock=FakeClock())``.
+
+Test mode runs due jobs inline, in the test's thread, with a worker's rules
+(retries by backoff, dead letters, misfire, results)::
+
+    app = InlineApp()                  # a DelayQ on memory:// and a FakeClock
+    handle = total.schedule(42)        # (tasks registered on app)
+    app.advance(1800)                  # steps through every due time, runs what is due
+    handle.result()                    # its value (or its final error)
+
+:func:`inline` does the same for an app you already have (your module-level
+``app`` and its tasks) for the length of a ``with`` block; the pytest fixtures
+``delayq_app`` and ``delayq_clock`` (the plugin ``delayq.pytest_plugin``,
+loaded by pytest when delayq is installed) give a fresh :class:`InlineApp`.
+See docs/testing.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
+from delayq.app import DelayQ
+from delayq.backends import Backend
 from delayq.backends.memory import MemoryBackend
+from delayq.errors import ConfigurationError, ResultTimeout
+from delayq.worker import JobResult, run_due
 
-__all__ = ["FakeClock", "MemoryBackend"]
+__all__ = ["FakeClock", "InlineApp", "MemoryBackend", "advance", "inline", "run_due"]
 
 
 @dataclass(eq=False)
@@ -193,3 +213,82 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock(time={self.time():.6f}, monotonic={self.monotonic():.6f})"
+
+
+def advance(app: DelayQ, seconds: float) -> list[JobResult]:
+    """Move ``app``'s :class:`FakeClock` forward by ``seconds``, stopping at each due
+    time on the way to run what is due then (so a retry 2 s after a failure runs 2 s
+    later, as on a worker), and return every attempt run."""
+    clock = app.clock
+    if not isinstance(clock, FakeClock):
+        raise ConfigurationError(
+            f"advance() moves a FakeClock; this app runs on {clock!r} (use InlineApp or inline())"
+        )
+    if not seconds >= 0:
+        raise ValueError(f"advance: seconds must be >= 0, got {seconds!r}")
+    target = clock.time() + seconds
+    results = run_due(app)
+    while (due := app.backend.next_due()) is not None and due <= target:
+        clock.advance(max(0.0, due - clock.time()))
+        results += run_due(app)
+    clock.advance(max(0.0, target - clock.time()))
+    return results + run_due(app)
+
+
+class InlineApp(DelayQ):
+    """A :class:`~delayq.app.DelayQ` on a fresh memory store and a :class:`FakeClock`
+    (``clock``, or a new one) whose due jobs run inline: :meth:`run_due`,
+    :meth:`advance`. Other options are :class:`DelayQ`'s (``max_attempts=``...)."""
+
+    clock: FakeClock
+
+    def __init__(self, *, clock: FakeClock | None = None, **options: Any) -> None:
+        clock = FakeClock() if clock is None else clock
+        store = cast(Backend, MemoryBackend(clock=clock))  # features: a ClassVar, as in every store
+        super().__init__(backend=store, clock=clock, **options)
+
+    def run_due(self, *, limit: int = 10_000) -> list[JobResult]:
+        """Run every job due now, in this thread (see :func:`delayq.worker.run_due`)."""
+        return run_due(self, limit=limit)
+
+    def advance(self, seconds: float) -> list[JobResult]:
+        """Move the clock forward, running what falls due on the way (:func:`advance`)."""
+        return advance(self, seconds)
+
+    def result(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
+        """The job's value or final error now: nothing advances this app's clock while
+        the test waits, so a job not finished yet raises ResultTimeout at once."""
+        try:
+            return super().result(job_id, timeout=0)
+        except ResultTimeout as exc:
+            raise ResultTimeout(
+                f"{exc}: it is not finished, and in test mode it runs only when the test "
+                f"advances the clock (app.advance(seconds), app.run_due())"
+            ) from None
+
+    async def aresult(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
+        """:meth:`result` for async code."""
+        return self.result(job_id, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the app and its memory store."""
+        super().close()
+        self.backend.close()
+
+
+@contextlib.contextmanager
+def inline(app: DelayQ, *, clock: FakeClock | None = None) -> Iterator[FakeClock]:
+    """Run ``app`` (yours, with its handlers and tasks) on a fresh memory store and a
+    :class:`FakeClock` for the ``with`` block, then put its own store and clock back.
+    Yields the clock; run jobs with ``run_due(app)`` / ``advance(app, seconds)``.
+
+    Not for an app a worker or another thread uses meanwhile: the swap is not atomic.
+    """
+    clock = FakeClock() if clock is None else clock
+    store = MemoryBackend(clock=clock)
+    saved = app.swap_store(cast(Backend, store), clock)
+    try:
+        yield clock
+    finally:
+        app.swap_store(*saved)
+        store.close()

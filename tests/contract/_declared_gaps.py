@@ -48,6 +48,19 @@ KEYED = frozenset(
 )
 """The keyed-call tests (feature ``keyed``): skipped by a store without it."""
 
+RESULTS = frozenset(
+    {
+        "test_an_ack_s_result_is_kept_with_the_finished_record",
+        "test_a_result_reads_back_exactly_with_any_text_and_at_64_kib",
+        "test_a_retry_keeps_no_result_and_the_later_success_stores_its_own",
+        "test_replace_of_a_finished_job_drops_its_result",
+        "test_complete_and_claim_keeps_the_result_of_its_acks",
+        "test_a_result_goes_with_its_record_after_result_ttl",
+        "test_a_result_is_only_for_a_succeeded_ack",
+    }
+)
+"""The result tests (feature ``results``): skipped by a store that keeps no finished records."""
+
 SKIPPED: dict[str, frozenset[str]] = {
     "memory": frozenset(
         {
@@ -122,6 +135,7 @@ SKIPPED: dict[str, frozenset[str]] = {
         }
     )
     | KEYED  # a broker keeps no record per key to decide a call against
+    | RESULTS  # no finished records to keep a result with
     | FLOW_CONTROL,  # a broker hands messages out in its own order; no claim step to limit
 }
 """store name -> names of the contract tests skipped for it (missing features)."""

@@ -210,6 +210,7 @@ _PARAMS: dict[str, Any] = {
     "kinds": ["succeeded"],
     "run_ats": [None],
     "texts": [None],
+    "results": [None],
     "run_at": 5.0,
     "delay": None,
     "older_than": 5.0,

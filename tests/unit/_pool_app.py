@@ -89,7 +89,9 @@ async def sleeps_async(payload: dict[str, Any]) -> None:
 def register_on(target: DelayQ) -> None:
     """Register these handlers on ``target`` too (a test's app on a fake clock)."""
     for name, handler in app.handlers.items():
-        target.register(name, handler.fn, timeout=handler.timeout)
+        target.register(
+            name, handler.fn, timeout=handler.timeout, store_result=handler.store_result
+        )
 
 
 def reports(path: Path) -> list[dict[str, Any]]:
@@ -112,3 +114,14 @@ def logs(payload: dict[str, Any], ctx: JobContext) -> None:
     except KeyError:
         log.exception("it failed")
     _report(payload)
+
+
+@app.handler("totals", store_result=True)
+def totals(payload: dict[str, Any]) -> dict[str, Any]:
+    """Returns its sum and the pid that ran it (kept as the job's result)."""
+    return {"total": sum(payload["items"]), "pid": os.getpid()}
+
+
+@app.handler("returns_a_set", store_result=True)
+def returns_a_set(payload: dict[str, Any]) -> set[int]:
+    return {1, 2}

@@ -25,9 +25,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "delayq"
 # Top to bottom; a module may import modules of its own layer or of any layer below.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("package facade", ("delayq", "delayq.__main__")),
+    ("integrations front end", ("delayq.integrations",)),
     ("cli front end", ("delayq.cli",)),
     ("web front end", ("delayq.web",)),
     ("plug-ins", ("delayq.observe", "delayq.metrics", "delayq.otel")),
+    ("testing", ("delayq.testing", "delayq.pytest_plugin")),
     ("worker", ("delayq.worker",)),
     (
         "app",
@@ -37,6 +39,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "delayq._build",
             "delayq._limits",
             "delayq._recurring_app",
+            "delayq._results_app",
+            "delayq._commit_app",
+            "delayq.results",
             "delayq._loader",
             "delayq.task",
             "delayq._present",
@@ -44,7 +49,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("recurring", ("delayq.recurring",)),
-    ("testing", ("delayq.testing",)),
     ("stores", ("delayq.backends",)),
     ("timers", ("delayq.timers",)),
     (

@@ -358,3 +358,19 @@ def test_a_store_that_cannot_list_says_so_with_501(monkeypatch: pytest.MonkeyPat
             api = client.get("/api/overview")
     assert page.status_code == 501 and "keeps no record" in page.text
     assert api.status_code == 501 and "keeps no record" in api.json()["error"]
+
+
+def test_a_kept_result_shows_on_the_job_page_and_in_its_api_twin(
+    app: DelayQ, client: TestClient
+) -> None:
+    from delayq.backends.base import Completion  # noqa: PLC0415
+
+    job_id = app.schedule("report", {"day": 1})
+    (claim,) = app.backend.claim(limit=1, lease=30)
+    app.backend.complete([Completion.ack(claim, result='{"rows": 3, "note": "<b>"}')])
+    page = client.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert '<pre id="result">' in page.text and "&lt;b&gt;" in page.text  # escaped
+    assert client.get(f"/api/jobs/{job_id}").json()["result"] == {"rows": 3, "note": "<b>"}
+    plain = app.schedule("report", {"day": 2}, delay=60)
+    assert 'id="result"' not in client.get(f"/jobs/{plain}").text

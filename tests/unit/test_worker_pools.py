@@ -120,6 +120,26 @@ def test_an_async_handler_runs_to_its_end_on_either_pool(pool: str, report: Path
         h.stop()
 
 
+def test_a_result_is_kept_from_either_pool_and_an_unstorable_one_is_dead_at_once(
+    pool: str,
+) -> None:
+    h = _harness(pool, concurrency=1)
+    try:
+        h.start()
+        job_id = h.app.schedule("totals", {"items": [1, 2, 3]}, delay=0)
+        assert _result(h).outcome == "succeeded"
+        value = h.app.result(job_id, timeout=0)
+        assert value["total"] == 6
+        assert (value["pid"] != os.getpid()) is (pool == "process")
+        bad = h.app.schedule("returns_a_set", {}, delay=0, max_attempts=3)
+        failed = _result(h)
+        assert (failed.outcome, failed.attempt) == ("dead", 1)  # no retry
+        assert failed.error is not None and "InvalidResult: result is a set" in failed.error
+        assert "InvalidResult" in (h.job(bad).last_error or "")
+    finally:
+        h.stop()
+
+
 def test_a_handler_past_its_timeout_is_retried_only_once_it_is_gone(
     pool: str, report: Path, tmp_path: Path
 ) -> None:

@@ -62,7 +62,9 @@ Rules every implementation keeps:
   nothing recorded as an error.
 * **Finished records** are kept for ``result_ttl`` seconds (a backend option) so
   ``get`` and ``cancel`` can say "finished"; dead letters stay until purged or
-  requeued.
+  requeued. With feature ``results`` a SUCCEEDED ack's ``Completion.result``
+  (JSON text) is kept in the same record and reported as ``Job.result`` (None
+  when none was given); a replace or a requeue drops it.
 * **Flow control** (feature ``flow_control``, :class:`LimitStore`): ``claim``
   hands out due jobs by ``priority`` (higher first; equal priority in the
   order above), the groups of one priority in turn; it never gives a key
@@ -129,6 +131,10 @@ FEATURES: dict[str, str] = {
     ),
     "keyed": "enqueue_keyed: debounce, throttle, unique and append by key, atomically",
     "flow_control": "per-key concurrency and rate limits, priorities and fair shares, in the claim",
+    "results": (
+        "an ack's result (Completion.result, JSON text) is kept with the finished record "
+        "for result_ttl and reported as Job.result"
+    ),
 }
 """The promises a store may declare in its class attribute ``features``.
 
@@ -161,13 +167,24 @@ class Completion:
     error: str | None = None  # retry / bury: the error recorded with the job
     run_at: float | None = None  # retry: the new due time (epoch seconds)
     released: bool = False  # release: an unstarted claim given back (state SCHEDULED)
+    result: str | None = None  # a SUCCEEDED ack: the return value as JSON text, kept with it
 
     def __post_init__(self) -> None:
         state = self.state
         if (state is JobState.SUCCEEDED or state is JobState.SKIPPED) and (
-            self.run_at is None and self.error is None and not self.released
+            self.run_at is None
+            and self.error is None
+            and not self.released
+            and (self.result is None or state is JobState.SUCCEEDED)
         ):
             return  # the common case, an ack, checked cheaply (results are hot)
+        if self.result is not None and (
+            self.state is not JobState.SUCCEEDED or not isinstance(self.result, str)
+        ):
+            raise InvalidOption(
+                f"result (JSON text) is only for an ack as succeeded, got {self.result!r:.60} "
+                f"with state {self.state!r}"
+            )
         if self.released:
             if state is not JobState.SCHEDULED or self.outcome is not None:
                 raise InvalidOption(
@@ -213,16 +230,23 @@ class Completion:
 
     @classmethod
     def ack(
-        cls, claim: Claim, *, state: JobState = JobState.SUCCEEDED, outcome: str | None = None
+        cls,
+        claim: Claim,
+        *,
+        state: JobState = JobState.SUCCEEDED,
+        outcome: str | None = None,
+        result: str | None = None,
     ) -> Completion:
-        """Finish as SUCCEEDED (or SKIPPED) with an optional note, like ``Backend.ack``."""
+        """Finish as SUCCEEDED (or SKIPPED) with an optional note, like ``Backend.ack``;
+        ``result`` (JSON text, SUCCEEDED only) is kept with the finished record by a
+        store with the ``results`` feature."""
         if (
             state is not JobState.SUCCEEDED
             and state is not JobState.SKIPPED
             and state not in (JobState.SUCCEEDED, JobState.SKIPPED)
         ):
             raise InvalidOption(f"ack state must be JobState.SUCCEEDED or SKIPPED, got {state!r}")
-        return cls(claim, state, outcome=outcome)
+        return cls(claim, state, outcome=outcome, result=result)
 
     @classmethod
     def retry(cls, claim: Claim, run_at: float, error: str) -> Completion:

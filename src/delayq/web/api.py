@@ -163,6 +163,7 @@ _JOB: dict[str, Any] = {
         "last_error": {"type": ["string", "null"], "description": "the whole traceback"},
         "error_summary": {"type": ["string", "null"], "description": "Type: message"},
         "outcome": {"type": ["string", "null"]},
+        "result": {"description": "a succeeded job's return value (present when it kept one)"},
     },
 }
 _ROW = {

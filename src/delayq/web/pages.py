@@ -91,6 +91,7 @@ async def job(request: Request) -> Response:
         job_id=job_id,
         job=found,
         payload=None if found is None else views.pretty_payload(found.payload),
+        result=None if found is None else views.pretty_result(found.result),
         done=request.query_params.get("done"),
         now=now,
         lease_expired_for=None if found is None else lease_expired_for(found, now),

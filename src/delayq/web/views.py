@@ -79,6 +79,16 @@ def pretty_payload(payload: Any) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+def pretty_result(text: str | None) -> str | None:
+    """A kept result (JSON text) indented like a payload; its raw text if it does not decode."""
+    if text is None:
+        return None
+    try:
+        return pretty_payload(json.loads(text))
+    except ValueError:
+        return text
+
+
 @dataclass(frozen=True, slots=True)
 class JobFilters:
     """The jobs page's filters and its keyset cursor, parsed from a query."""

@@ -24,7 +24,9 @@ module each:
   dead-lettered, skipped (misfire), returned;
 * ``_stats``: counters and fixed-size histograms behind :meth:`Worker.stats`;
 * ``_health``: what :meth:`Worker.health_snapshot` reads and the one rule that
-  judges it (:meth:`WorkerHealth.problems`, served as ``/healthz``).
+  judges it (:meth:`WorkerHealth.problems`, served as ``/healthz``);
+* ``_inline``: :func:`run_due`, the same rules run in the calling thread (tests,
+  ``delayq.testing``).
 
 What happens to a claimed job:
 
@@ -53,7 +55,16 @@ from __future__ import annotations
 
 from delayq.worker._decide import JobResult, Outcome
 from delayq.worker._health import WorkerHealth
+from delayq.worker._inline import run_due
 from delayq.worker._stats import WorkerStats, percentile
 from delayq.worker._worker import Worker
 
-__all__ = ["JobResult", "Outcome", "Worker", "WorkerHealth", "WorkerStats", "percentile"]
+__all__ = [
+    "JobResult",
+    "Outcome",
+    "Worker",
+    "WorkerHealth",
+    "WorkerStats",
+    "percentile",
+    "run_due",
+]

@@ -19,6 +19,7 @@ import math
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from delayq.codec import encode_result
 from delayq.job import Handler, JobContext
 from delayq.worker._inflight import InFlight
 from delayq.worker._loop import Cancelled, EventLoopThread
@@ -51,10 +52,16 @@ class AsyncHandlers(RunnerState):
             duration: float,
             *,
             error: str | None = None,
+            result: str | None = None,
+            final: bool = False,
         ) -> bool: ...
 
         def _finish_task(
-            self, rec: InFlight, exc: BaseException | None, duration: float
+            self,
+            rec: InFlight,
+            exc: BaseException | None,
+            duration: float,
+            result: str | None = None,
         ) -> None: ...
 
     def _loop_started_locked(self) -> None:
@@ -148,30 +155,34 @@ class AsyncHandlers(RunnerState):
         payload = rec.claim.job.payload
         timeout = self._timeout_of(handler)
 
-        async def invoke() -> BaseException | None:
+        async def invoke() -> tuple[BaseException | None, str | None]:
+            """The handler's exception, or its return value as JSON text (when it
+            stores its result)."""
             with table.lock:
                 if rec.done or rec.abandoned:
                     if awaitable is not None and inspect.iscoroutine(awaitable):
                         awaitable.close()
-                    return None  # decided before it could start: never run it
+                    return None, None  # decided before it could start: never run it
                 self._loop_started_locked()
                 if timeout is not None:
                     self._watch_locked(rec, clock.monotonic() + timeout)
             try:
                 result = handler.call(payload, ctx) if awaitable is None else awaitable
                 if inspect.isawaitable(result):
-                    await result
+                    result = await result
+                if handler.store_result:
+                    return None, encode_result(result)
             except (asyncio.CancelledError, GeneratorExit):
                 raise  # a cancellation, or this coroutine being closed: not swallowed
             except BaseException as exc:  # SystemExit, KeyboardInterrupt: would end the loop
-                return exc
+                return exc, None
             finally:
                 with table.lock:
                     self._async_live -= 1
                     alive = rec.body_alive
                 if alive:  # timed out earlier: its held retry is recorded now (not on the loop)
                     table.add_task(functools.partial(self._committer.body_ended, rec))
-            return None
+            return None, None
 
         coro = invoke()
         try:
@@ -201,17 +212,20 @@ class AsyncHandlers(RunnerState):
         if decided or lost:
             future.cancel()
 
-        def done(f: concurrent.futures.Future[BaseException | None]) -> None:
+        def done(f: concurrent.futures.Future[tuple[BaseException | None, str | None]]) -> None:
             # Runs on the loop thread: hand the store calls to a handler thread.
             with table.lock:
                 if rec.done or rec.abandoned:
                     return  # timed out (already recorded) or cancelled at shutdown
             exc: BaseException | None
+            text: str | None = None
             if f.cancelled():
                 exc = Cancelled("the async handler was cancelled")
             else:
-                exc = f.exception() or f.result()
+                exc = f.exception()
+                if exc is None:
+                    exc, text = f.result()
             duration = clock.monotonic() - started
-            table.add_task(functools.partial(self._finish_task, rec, exc, duration))
+            table.add_task(functools.partial(self._finish_task, rec, exc, duration, text))
 
         future.add_done_callback(done)

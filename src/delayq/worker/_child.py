@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from delayq._loader import load_app
+from delayq.codec import encode_result
+from delayq.errors import InvalidResult
 from delayq.job import JobContext
 from delayq.worker._childlog import PipeLogHandler
 from delayq.worker._decide import format_error
@@ -46,8 +48,8 @@ def _watch_parent(parent: int) -> None:
             os._exit(70)  # the parent died: its claims' leases run out, the jobs run elsewhere
 
 
-async def _wait(awaitable: Awaitable[Any]) -> None:
-    await awaitable
+async def _wait(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def _run(app: Any, task: dict[str, Any], lease_lost: Any) -> dict[str, Any]:
@@ -58,9 +60,17 @@ def _run(app: Any, task: dict[str, Any], lease_lost: Any) -> dict[str, Any]:
     try:
         result = handler.call(task["payload"], ctx)
         if result is not None and inspect.isawaitable(result):
-            asyncio.run(_wait(result))
+            result = asyncio.run(_wait(result))
+        if handler.store_result:
+            return {"ok": True, "result": encode_result(result)}
     except BaseException as exc:  # SystemExit from a handler is its failure too
-        return {"error": format_error(exc), "summary": f"{type(exc).__name__}: {exc}"}
+        answer: dict[str, Any] = {
+            "error": format_error(exc),
+            "summary": f"{type(exc).__name__}: {exc}",
+        }
+        if isinstance(exc, InvalidResult):
+            answer["final"] = True  # the body ran: dead-lettered at once (see Runner._finish)
+        return answer
     return {"ok": True}
 
 

@@ -77,6 +77,7 @@ class Decision:
     error: str | None = None  # a retry's or bury's error text
     retry_at: float | None = None  # a retry's new due time (epoch seconds)
     keep_attempt: bool = False  # a retry that gives its attempt back (it never started)
+    result: str | None = None  # a success's return value, JSON text (a handler storing results)
 
     def completion(self, claim: Claim) -> Completion:
         """The store call for ``claim`` (the claim as it is at commit time)."""
@@ -85,7 +86,7 @@ class Decision:
             assert self.retry_at is not None
             return Completion.release(claim, run_at=self.retry_at, note=self.error)
         if outcome == "succeeded":
-            return Completion(claim, JobState.SUCCEEDED, outcome=self.note)
+            return Completion(claim, JobState.SUCCEEDED, outcome=self.note, result=self.result)
         if outcome == "skipped":
             return Completion(claim, JobState.SKIPPED, outcome=self.note)
         if outcome == "retried":
@@ -140,6 +141,8 @@ def decide(
     unknown_grace: float = DEFAULT_UNKNOWN_HANDLER_GRACE,
     started_at: float | None = None,
     keep_attempt: bool = False,
+    result: str | None = None,
+    final: bool = False,
 ) -> Decision | None:
     """Decide how ``claim``'s attempt ends; ``now`` is the store's time (estimated).
 
@@ -155,10 +158,12 @@ def decide(
     a claim that waited for a slot counts its wait).
 
     After the handler ran (``ran=True``): no ``error`` is a success (noted
-    when it started late, at ``started_at``, else at the claim); an error is
-    retried at ``now`` plus the job's backoff for this attempt, or
-    dead-lettered on the last attempt (``max_attempts``) or when the backoff
-    cannot be read.
+    when it started late, at ``started_at``, else at the claim), carrying
+    ``result`` (the return value as JSON text) when the handler stores one; an
+    error is retried at ``now`` plus the job's backoff for this attempt, or
+    dead-lettered on the last attempt (``max_attempts``), when the backoff
+    cannot be read, or at once when it is ``final`` (a return value that
+    cannot be stored: the body ran, a retry would run its side effects again).
     """
     job = claim.job
     if ran:
@@ -166,10 +171,12 @@ def decide(
         if error is None:
             if lateness > _SLOW_NOTE_AFTER:
                 return Decision(
-                    "succeeded", note=f"ran {lateness:.3f}s late (misfire policy {job.misfire})"
+                    "succeeded",
+                    note=f"ran {lateness:.3f}s late (misfire policy {job.misfire})",
+                    result=result,
                 )
-            return SUCCEEDED
-        if claim.attempt >= job.max_attempts:
+            return SUCCEEDED if result is None else Decision("succeeded", result=result)
+        if final or claim.attempt >= job.max_attempts:
             return Decision("dead", error=error)
         return _retry(claim, now, error)
     if not handler_known:

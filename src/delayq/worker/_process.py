@@ -44,14 +44,21 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from delayq.errors import ConfigurationError
 from delayq.job import JobContext
 from delayq.worker._child import child_main
 from delayq.worker._childlog import forward_level, replay
 
-__all__ = ["CHILD_START_TIMEOUT", "KILL_GRACE", "ChildFailed", "ProcessPool", "describe_exit"]
+__all__ = [
+    "CHILD_START_TIMEOUT",
+    "KILL_GRACE",
+    "ChildFailed",
+    "ProcessPool",
+    "Ran",
+    "describe_exit",
+]
 
 log = logging.getLogger("delayq.worker")
 
@@ -62,6 +69,17 @@ CHILD_START_TIMEOUT = 60.0
 """Seconds a new child may take to start and load the app."""
 
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(JobContext) if f.name != "lease_lost")
+
+
+class Ran(NamedTuple):
+    """How a task in a child ended: ``failed`` is None when it succeeded (or did not
+    run), else (summary, error text with the child's traceback); ``result`` the
+    return value as JSON text (a handler storing results); ``final`` a failure no
+    retry can mend (a return value that cannot be stored)."""
+
+    failed: tuple[str, str] | None = None
+    result: str | None = None
+    final: bool = False
 
 
 class ChildFailed(Exception):
@@ -287,14 +305,13 @@ class ProcessPool:
     # -- tasks ----------------------------------------------------------------------------
     def run(
         self, key: int, name: str, payload: Any, ctx: JobContext, *, begin: Callable[[], bool]
-    ) -> tuple[str, str] | None:
+    ) -> Ran:
         """Run handler ``name`` in a child for the claim ``key``; blocks until it ends.
 
         ``begin()`` is called once a child is ready, just before the task is
         sent (the handler's timeout starts there); when it returns False (the
-        attempt was decided while it waited for a child) nothing runs. None
-        when it succeeded (or did not run), else (summary, error text with the
-        child's traceback); a child that died is such an error too.
+        attempt was decided while it waited for a child) nothing runs. A child
+        that died is a failure too (see :class:`Ran`).
         """
         task = json.dumps(
             {
@@ -307,9 +324,9 @@ class ProcessPool:
             child = self._take()
         except _Closed:  # the worker stops (its claim is handed back, so this is not recorded)
             text = f"ChildFailed: the worker stopped before handler {name!r} could start"
-            return text, text
+            return Ran((text, text))
         except ConfigurationError as exc:
-            return f"ChildFailed: {exc}", f"ChildFailed: {exc}"
+            return Ran((f"ChildFailed: {exc}", f"ChildFailed: {exc}"))
         child.lease_lost.clear()
         with self._lock:
             self._busy[key] = child
@@ -317,7 +334,7 @@ class ProcessPool:
             with self._lock:
                 self._busy.pop(key, None)
             self._put_back(child)
-            return None
+            return Ran()
         answer: dict[str, Any] | None = None
         try:
             child.conn.send_bytes(task)
@@ -343,13 +360,15 @@ class ProcessPool:
                     f"ChildFailed: the process running handler {name!r} "
                     f"{describe_exit(code)} before the handler returned"
                 )
-                return text, text
+                return Ran((text, text))
         else:
             self._put_back(child)
         if answer.get("ok"):
-            return None
+            result = answer.get("result")
+            return Ran(result=result if isinstance(result, str) else None)
         error = str(answer.get("error", "ChildFailed: no error text"))
-        return str(answer.get("summary", error.splitlines()[-1] if error else "")), error
+        summary = str(answer.get("summary", error.splitlines()[-1] if error else ""))
+        return Ran((summary, error), final=bool(answer.get("final")))
 
     def kill(self, key: int) -> bool:
         """End the child running claim ``key`` (its handler ran past its timeout);

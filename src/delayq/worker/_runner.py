@@ -48,6 +48,8 @@ import threading
 
 from delayq.app import DelayQ
 from delayq.clock import Clock
+from delayq.codec import encode_result
+from delayq.errors import InvalidResult
 from delayq.job import Handler, JobContext
 from delayq.worker._async import LOOP_BLOCKED, AsyncHandlers
 from delayq.worker._commit import GroupCommitter
@@ -260,6 +262,12 @@ class Runner(TimeoutWatcher, AsyncHandlers):
             self._disarm_timeout(rec)
             self._start_async(rec, handler, ctx, started, awaitable=result)
             return True
+        if handler.store_result:
+            try:
+                text = encode_result(result)
+            except InvalidResult as exc:
+                return self._finish(rec, exc, clock.monotonic() - started)
+            return self._finish(rec, None, clock.monotonic() - started, result=text)
         return self._finish(rec, None, clock.monotonic() - started)
 
     def _execute_in_child(
@@ -279,7 +287,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
                     self._watch_locked(rec, self._clock.monotonic() + timeout)
                 return True
 
-        failed = pool.run(rec.key, handler.name, rec.claim.job.payload, ctx, begin=begin)
+        ran = pool.run(rec.key, handler.name, rec.claim.job.payload, ctx, begin=begin)
         duration = self._clock.monotonic() - started
         with table.lock:
             # Decided meanwhile: by its timeout (the child was killed for it) or
@@ -288,17 +296,27 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         if decided:
             self._committer.body_ended(rec)  # a retry held for it is recorded now
             return True
-        if failed is None:
-            return self._finish(rec, None, duration)
-        summary, error = failed
-        return self._finish(rec, ChildFailed(summary), duration, error=error)
+        if ran.failed is None:
+            return self._finish(rec, None, duration, result=ran.result)
+        summary, error = ran.failed
+        return self._finish(rec, ChildFailed(summary), duration, error=error, final=ran.final)
 
     def _finish(
-        self, rec: InFlight, exc: BaseException | None, duration: float, *, error: str | None = None
+        self,
+        rec: InFlight,
+        exc: BaseException | None,
+        duration: float,
+        *,
+        error: str | None = None,
+        result: str | None = None,
+        final: bool = False,
     ) -> bool:
         """Decide and record a handler's result (``error``: its text, when not
-        ``exc``'s own traceback); False when it was fenced (timed out) and this
-        thread must end."""
+        ``exc``'s own traceback; ``result``: the return value as JSON text, for a
+        handler that stores it); False when it was fenced (timed out) and this
+        thread must end. A return value that could not be stored
+        (:class:`~delayq.errors.InvalidResult`, or ``final``) is dead-lettered
+        at once: the body ran, and a retry would run its side effects again."""
         claim = rec.claim
         if exc is not None and error is None:
             error = format_error(exc)
@@ -308,6 +326,8 @@ class Runner(TimeoutWatcher, AsyncHandlers):
             ran=True,
             error=error,
             started_at=claim.claimed_at + (rec.started_mono - rec.mono_claimed),
+            result=result,
+            final=final or isinstance(exc, InvalidResult),
         )
         assert decision is not None
         if exc is not None:
@@ -343,8 +363,10 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         # A killed child gives its thread back; a sync handler's thread was replaced.
         return self._pool is not None
 
-    def _finish_task(self, rec: InFlight, exc: BaseException | None, duration: float) -> None:
-        self._finish(rec, exc, duration)
+    def _finish_task(
+        self, rec: InFlight, exc: BaseException | None, duration: float, result: str | None = None
+    ) -> None:
+        self._finish(rec, exc, duration, result=result)
 
     def on_lease_lost(self, rec: InFlight) -> None:
         """The lease keeper found ``rec``'s lease gone (``rec.lease_lost`` is set, which

@@ -95,6 +95,7 @@ class _Record:
     priority: int = 0
     group: str | None = None
     throttled_until: float | None = None
+    result: str | None = None  # a succeeded job's return value (JSON text)
 
     def to_job(self, *, strict: bool = False) -> Job:
         """The job; ``strict`` (claim) raises on a payload that does not decode,
@@ -118,6 +119,7 @@ class _Record:
             priority=self.priority,
             group=self.group,
             throttled_until=self.throttled_until,
+            result=self.result,
         )
 
 
@@ -155,6 +157,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
             "recurring",
             "flow_control",
             "keyed",
+            "results",
         }
     )
 
@@ -561,6 +564,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                     self._finish(rec, JobState.DEAD, now)
                 else:
                     rec.outcome = item.outcome
+                    rec.result = item.result
                     self._finish(rec, item.state, now)
             if earliest is not None:
                 self._wake_if_earlier(earliest, head)

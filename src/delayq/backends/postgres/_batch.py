@@ -62,6 +62,7 @@ class CompletionBatch:
             "kinds": kinds,
             "run_ats": [self.items[i].run_at for i in self.chosen],
             "texts": texts,
+            "results": [self.items[i].result for i in self.chosen],
         }
 
     def results(

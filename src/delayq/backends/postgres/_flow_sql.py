@@ -137,7 +137,8 @@ class FlowStatements:
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
                           j.last_error, j.outcome, j.lease_until, j.token, j.seq,
-                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked""",
+                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked,
+                          j.result""",
             save_rates=f"""
                 INSERT INTO {s}.flow_keys (queue, key, tat, promised)
                 SELECT %(q)s, * FROM unnest(%(keys)s::text[], %(tats)s::float8[],

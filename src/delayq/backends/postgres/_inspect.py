@@ -51,6 +51,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         group=row[18],
         # held back over its key's rate: run_at is its next allowed time
         throttled_until=row[3] if row[19] is not None and not row[20] else None,
+        result=row[21],
     )
 
 

@@ -18,6 +18,7 @@ Everything delayq keeps lives in its own schema (``delayq`` unless configured):
   ``flow_groups`` (each group's claims so far); each queue's flags in ``meta``.
 * ``workers``: worker heartbeats by ``(queue, id)`` (migration 7).
 * ``keyed``: keyed calls' key records by ``(queue, key)`` (migration 8, :mod:`._keyed`).
+* ``jobs.result``: a succeeded job's return value, JSON text (migration 9).
 * ``versions``: one row per applied migration (the recorded schema version) and
   the oldest version whose delayq still runs on the schema.
 
@@ -284,6 +285,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         )""",
             # a job's key record, for get (Job.keyed)
             "CREATE INDEX IF NOT EXISTS keyed_job ON {s}.keyed (queue, job_id)",
+        ),
+        oldest_reader=4,
+    ),
+    Migration(
+        (
+            # A succeeded job's return value (JSON text), kept with its finished
+            # record (feature results). Metadata only: no table rewrite.
+            "ALTER TABLE {s}.jobs ADD COLUMN IF NOT EXISTS result text",
         ),
         oldest_reader=4,
     ),

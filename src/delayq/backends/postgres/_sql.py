@@ -30,7 +30,7 @@ CUTOFF = f"({NOW} - %(ttl)s::float8)"
 COLUMNS = (
     "id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
     "created_at, updated_at, last_error, outcome, lease_until, token, seq, "
-    "flow_key, priority, flow_group, flow_run_at, parked"
+    "flow_key, priority, flow_group, flow_run_at, parked, result"
 )
 """The columns every job-reading statement returns, in :func:`_rows.to_job` order."""
 
@@ -230,7 +230,8 @@ class Statements:
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
                           j.last_error, j.outcome, j.lease_until, j.token, j.seq,
-                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked""",
+                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked,
+                          j.result""",
             # Whether the queue uses flow control, read after the claim (its flags in
             # meta are never removed: the claim above saw them unless this sees them).
             flow_flags=f"SELECT key FROM {meta} WHERE key IN (%(flow_flag)s, %(groups_flag)s)",
@@ -267,8 +268,8 @@ class Statements:
                 WITH v AS (
                     SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
                                          %(kinds)s::text[], %(run_ats)s::float8[],
-                                         %(texts)s::text[])
-                        AS v(id, token, kind, run_at, text)),
+                                         %(texts)s::text[], %(results)s::text[])
+                        AS v(id, token, kind, run_at, text, result)),
                 gone AS (
                     DELETE FROM {jobs} j USING v
                     WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
@@ -289,6 +290,7 @@ class Statements:
                                       ELSE v.text END,
                     outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
                                    ELSE j.outcome END,
+                    result = CASE WHEN v.kind = 'succeeded' THEN v.result ELSE j.result END,
                     lease_until = NULL,
                     updated_at = {NOW}
                 FROM v

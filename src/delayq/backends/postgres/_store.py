@@ -147,6 +147,7 @@ class PostgresBackend(
             "recurring",
             "flow_control",
             "keyed",
+            "results",
         }
     )
 

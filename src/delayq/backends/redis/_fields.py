@@ -55,6 +55,7 @@ def job_of(job_id: str, f: dict[str, str], *, strict: bool = False) -> Job:
         priority=int(f.get("prio", 0)),
         group=f.get("grp"),
         throttled_until=optional_float(f.get("throttled")),
+        result=f.get("result"),
     )
 
 
@@ -106,7 +107,7 @@ def completion_args(items: Sequence[Completion]) -> list[Any]:
             item.claim.job.id,
             item.claim.token,
             tag,
-            repr(item.run_at) if item.run_at is not None else "",
+            repr(item.run_at) if item.run_at is not None else (item.result or ""),
             text or "",
         )
     return args

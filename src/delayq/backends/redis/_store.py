@@ -166,6 +166,7 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits, RedisKeyed):
             "recurring",
             "flow_control",
             "keyed",
+            "results",
         }
     )
 

@@ -390,7 +390,7 @@ def complete_items(
             params = (clip_error(item.error), now)
         else:
             assignments = ACK
-            params = (item.state.value, item.outcome, now)
+            params = (item.state.value, item.outcome, item.result, now)
         try:
             finish_claim(conn, item.claim, assignments, params)
         except StaleClaim as exc:

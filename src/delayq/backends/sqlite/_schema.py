@@ -104,7 +104,7 @@ COUNT_TRIGGERS = (
 
 COLUMNS = (
     "seq, id, name, payload, run_at, state, attempts, max_attempts, backoff, misfire, "
-    f"created_at, updated_at, last_error, outcome, lease_until, token, {FLOW_COLUMNS}"
+    f"created_at, updated_at, last_error, outcome, lease_until, token, {FLOW_COLUMNS}, result"
 )
 SELECT = f"SELECT {COLUMNS} FROM delayq_jobs"
 INSERT = (
@@ -126,7 +126,7 @@ NEXT_LEASE = (
     "SELECT lease_until FROM delayq_jobs WHERE state = 'running' ORDER BY lease_until LIMIT 1"
 )
 # How complete() finishes a claim: SET clauses of ack, retry and bury.
-ACK = "state = ?, outcome = ?, lease_until = NULL, updated_at = ?"
+ACK = "state = ?, outcome = ?, result = ?, lease_until = NULL, updated_at = ?"
 RETRY = "state = 'scheduled', run_at = ?, last_error = ?, lease_until = NULL, updated_at = ?"
 # A release keeps an earlier attempt's error; the note only fills an empty last_error.
 RELEASE = (
@@ -148,6 +148,7 @@ EXTEND_STARTED = "lease_until = ?, updated_at = ?, started = 1"
 ADDED_COLUMNS = (
     ("started", "INTEGER NOT NULL DEFAULT 0"),
     ("unstarted", "INTEGER NOT NULL DEFAULT 0"),
+    ("result", "TEXT"),  # a succeeded job's return value, JSON text (feature results)
 )
 TTL_STATE_VALUES = tuple(sorted(s.value for s in TTL_STATES))
 NOT_EXPIRED = f"NOT (state IN ({', '.join(repr(v) for v in TTL_STATE_VALUES)}) AND updated_at <= ?)"
@@ -218,6 +219,7 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         priority=row[17],
         group=row[18],
         throttled_until=row[4] if row[19] is not None and not row[20] else None,
+        result=row[21],
     )
 
 

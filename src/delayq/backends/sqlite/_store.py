@@ -148,6 +148,7 @@ class SQLiteBackend(
             "inspect",
             "recurring",
             "flow_control",
+            "results",
         }
     )
 

@@ -408,9 +408,10 @@ local function settled_state(key, id)
   return state
 end
 
--- Finish a claimed job as succeeded or skipped with an optional note ("" = none).
+-- Finish a claimed job as succeeded or skipped with an optional note and an
+-- optional result (JSON text, kept with the finished record); "" = none.
 -- Returns 1 when a waiter was woken (see leave_running).
-local function ack_job(key, id, state, outcome)
+local function ack_job(key, id, state, outcome, result)
   local woke = leave_running(key, id)
   redis.call('HSET', key, 'state', state, 'updated_at', fmt(NOW))
   redis.call('HDEL', key, 'lease_until')
@@ -418,6 +419,11 @@ local function ack_job(key, id, state, outcome)
     redis.call('HSET', key, 'outcome', outcome)
   else
     redis.call('HDEL', key, 'outcome')
+  end
+  if result ~= '' then
+    redis.call('HSET', key, 'result', result)
+  else
+    redis.call('HDEL', key, 'result')
   end
   finish(key, id, state)
   return woke
@@ -654,7 +660,7 @@ local function complete_batch(n, first)
           woke = 1
         end
         bury(key, id, ARGV[base + 4])
-      elseif ack_job(key, id, state, ARGV[base + 4]) == 1 then
+      elseif ack_job(key, id, state, ARGV[base + 4], ARGV[base + 3]) == 1 then
         woke = 1
       end
       result[#result + 1] = {1}

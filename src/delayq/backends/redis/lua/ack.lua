@@ -13,4 +13,4 @@ local is_stale = stale(key, token)
 if is_stale then
   return is_stale
 end
-return {1, ack_job(key, id, state, outcome)}
+return {1, ack_job(key, id, state, outcome, '')}

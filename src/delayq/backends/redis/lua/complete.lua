@@ -6,7 +6,8 @@
 -- ARGV[5]   n, the number of entries; then 5 fields per entry from ARGV[6]:
 --           job id, fencing token, target state ("succeeded" | "skipped": ack,
 --           "scheduled": retry, "dead": bury, "release": give an unstarted claim
---           back), run_at in epoch seconds (retry; else ""),
+--           back), run_at in epoch seconds (retry, release; else "") or the result
+--           (ack: JSON text, kept with the finished record; "" for none),
 --           text (ack: outcome note or ""; retry and bury: error text; release: its note)
 -- Returns {woke (0/1), reply1, ..., replyN}: reply is {1} when applied, or
 -- {0, state, token} when that entry's claim is stale.
