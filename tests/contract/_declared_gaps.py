@@ -44,6 +44,11 @@ KEYED = frozenset(
         "test_append_collects_payloads_into_one_list_capped_at_max_items",
         "test_two_producers_appending_at_once_lose_no_item",
         "test_every_store_decides_keyed_calls_as_the_reference_does",
+        "test_a_keys_next_call_after_its_run_was_purged_starts_again_at_run_1",
+        "test_a_released_key_never_overwrites_an_earlier_runs_dead_letter",
+        "test_a_throttle_window_outlives_its_runs_purge",
+        "test_an_append_call_on_a_key_whose_open_run_is_not_a_batch_starts_its_own",
+        "test_a_new_run_skips_an_id_a_plain_job_already_holds",
     }
 )
 """The keyed-call tests (feature ``keyed``): skipped by a store without it."""

@@ -235,7 +235,8 @@ def test_two_workers_on_one_file_run_each_job_exactly_once(
         assert wait_until(lambda: app.stats().succeeded == count, 60), children.logs()
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
-        assert [proc.wait(30) for proc in workers] == [0, 0], children.logs()
+        # a graceful stop (grace=10) on a machine loaded by the whole suite: generous
+        assert [proc.wait(90) for proc in workers] == [0, 0], children.logs()
         retried = [
             j.id for j in app.list_jobs(state=JobState.SUCCEEDED, limit=count) if j.attempts != 1
         ]
