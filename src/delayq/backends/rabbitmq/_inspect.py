@@ -1,0 +1,82 @@
+"""``cancel``, ``reschedule`` and ``get`` by id, answered by the queue's log (``_log.py``).
+
+A cancel is one record: its answer is what the log held when it came (a start
+record before it means the job runs: ``running``; after it, the start loses and
+the delivery is dropped when it comes). A reschedule reads the entry (up to a
+marker), publishes the job again under a new version, then appends its record
+naming the entry's change count: if anything changed in between, the record
+loses, the copy is of a version nobody runs, and it tries again. ``get`` reads up
+to a marker of its own, so it sees every change made before the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from delayq.backends._common import check_when
+from delayq.backends.rabbitmq._arbiter import Arbiter
+from delayq.backends.rabbitmq._message import JobMessage, new_instance
+from delayq.backends.rabbitmq._publisher import Outgoing
+from delayq.clock import Clock
+from delayq.errors import BackendError, InvalidOption
+from delayq.job import CancelOutcome, Job, RescheduleOutcome
+
+__all__ = ["RabbitMQInspection"]
+
+_TRIES = 20
+"""Reschedule records a call appends, each losing to a change in between, before it gives up."""
+
+
+def _job_id(job_id: object) -> str:
+    if not isinstance(job_id, str):
+        raise InvalidOption(f"job_id must be a str, got {job_id!r}")
+    return job_id
+
+
+class RabbitMQInspection:
+    """The by-id calls of :class:`~delayq.backends.rabbitmq.RabbitMQBackend`."""
+
+    _arbiter: Arbiter
+    _clock: Clock
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _outgoing(self, message: JobMessage, delay: float) -> Outgoing:
+        raise NotImplementedError
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        job_id = _job_id(job_id)
+        self._check_open()
+        answer = self._arbiter.append("C", "cancel a job", id=job_id, at=self._clock.time())
+        return CancelOutcome(answer)
+
+    def reschedule(
+        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
+    ) -> RescheduleOutcome:
+        at, after = check_when(run_at, delay)
+        job_id = _job_id(job_id)
+        self._check_open()
+        for _ in range(_TRIES):
+            entry = self._arbiter.read(job_id, "reschedule a job")
+            if entry is None:
+                return RescheduleOutcome.NOT_FOUND
+            now = self._clock.time()
+            due = now + max(0.0, after) if after is not None else float(at or now)
+            ver = new_instance()
+            moved = entry.moved(ver, due, now)
+            before: Sequence[Outgoing] = () if moved is None else [self._outgoing(moved, due - now)]
+            fields: dict[str, Any] = {"id": job_id, "ver": ver, "run_at": due, "at": now}
+            answer = self._arbiter.append("R", "reschedule a job", before, base=entry.seq, **fields)
+            if answer is not None:
+                return RescheduleOutcome(answer)
+        raise BackendError(
+            f"job {job_id!r} changed {_TRIES} times while it was being rescheduled; try again"
+        )
+
+    def get(self, job_id: str) -> Job | None:
+        job_id = _job_id(job_id)
+        self._check_open()
+        entry = self._arbiter.read(job_id, "look a job up by id")
+        return None if entry is None else entry.job(self._clock.time())
