@@ -79,8 +79,9 @@ _FINISHED_KEEP = 20_000
 """At most this many kept (the oldest go first): a few seconds of acks at full speed."""
 
 _NO_INDEX = (
-    "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
-    "use the Redis, PostgreSQL or SQLite store when you need it"
+    "the RabbitMQ store answers get, cancel and reschedule by id from its log but keeps no "
+    "index of jobs, so it cannot {what}; use the Redis, PostgreSQL or SQLite store when you "
+    "need it"
 )
 
 
