@@ -11,18 +11,29 @@ to a marker of its own, so it sees every change made before the call.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delayq.backends._common import check_when
+from delayq.backends.base import Completion
 from delayq.backends.rabbitmq._arbiter import Arbiter
-from delayq.backends.rabbitmq._message import JobMessage, new_instance
+from delayq.backends.rabbitmq._claims import Held
+from delayq.backends.rabbitmq._consumer import Delivery
+from delayq.backends.rabbitmq._message import JobMessage, encode, new_instance
 from delayq.backends.rabbitmq._publisher import Outgoing
 from delayq.clock import Clock
 from delayq.errors import BackendError, InvalidOption
-from delayq.job import CancelOutcome, Job, RescheduleOutcome
+from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
-__all__ = ["RabbitMQInspection"]
+__all__ = ["RabbitMQInspection", "Starting"]
+
+Starting = tuple[Delivery, JobMessage, int, Job]
+"""A claim about to start: its delivery, message, attempt and job."""
+
+_LOG_BATCH = 1000
+"""Job messages per enqueue record of the log (a big batch takes several)."""
 
 _TRIES = 20
 """Reschedule records a call appends, each losing to a change in between, before it gives up."""
@@ -35,7 +46,8 @@ def _job_id(job_id: object) -> str:
 
 
 class RabbitMQInspection:
-    """The by-id calls of :class:`~delayq.backends.rabbitmq.RabbitMQBackend`."""
+    """The by-id calls of :class:`~delayq.backends.rabbitmq.RabbitMQBackend`, and the
+    records its other calls append to the log."""
 
     _arbiter: Arbiter
     _clock: Clock
@@ -45,6 +57,35 @@ class RabbitMQInspection:
 
     def _outgoing(self, message: JobMessage, delay: float) -> Outgoing:
         raise NotImplementedError
+
+    def _start(self, starting: Sequence[Starting], lease_until: float, at: float) -> list[str]:
+        """Append the start records of claims about to run: each one's start id where it
+        won (its handler may run), "" where it lost (the delivery is dropped)."""
+        if not starting:
+            return []
+        sids = [secrets.token_hex(8) for _ in starting]
+        starts = [
+            [m.id, m.ver, attempts, m.returns, lease_until, sid]
+            for (_, m, attempts, _), sid in zip(starting, sids, strict=True)
+        ]
+        won = self._arbiter.append("S", "start a job", s=starts, at=at)
+        return [sid if ok else "" for sid, ok in zip(sids, won, strict=True)]
+
+    def _enqueued(self, messages: Sequence[JobMessage], now: float) -> list[Outgoing]:
+        """The log's enqueue records of ``messages``."""
+        texts = [encode(replace(m, local=0.0, more=0.0)).decode() for m in messages]
+        return [
+            self._arbiter.outgoing("E", m=texts[i : i + _LOG_BATCH], at=now)
+            for i in range(0, len(texts), _LOG_BATCH)
+        ]
+
+    @staticmethod
+    def _ended(item: Completion, held: Held) -> list[Any]:
+        """A finish record's entry: how the claim of ``held`` ended."""
+        state = "released" if item.released else item.state.value
+        run_at = item.run_at if state == "scheduled" else None
+        note = item.outcome if item.state in (JobState.SUCCEEDED, JobState.SKIPPED) else item.error
+        return [held.message.id, held.message.ver, held.sid, state, run_at, note]
 
     def cancel(self, job_id: str) -> CancelOutcome:
         job_id = _job_id(job_id)

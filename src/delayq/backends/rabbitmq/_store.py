@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 import threading
 import weakref
 from collections.abc import Collection, Sequence
@@ -38,7 +37,7 @@ from delayq.backends.rabbitmq._claims import Held, expired, judge
 from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
-from delayq.backends.rabbitmq._inspect import RabbitMQInspection
+from delayq.backends.rabbitmq._inspect import RabbitMQInspection, Starting
 from delayq.backends.rabbitmq._message import JobMessage, encode, new_instance
 from delayq.backends.rabbitmq._policies import check_at_open
 from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
@@ -83,13 +82,6 @@ _NO_INDEX = (
     "index of jobs, so it cannot {what}; use the Redis, PostgreSQL or SQLite store when you "
     "need it"
 )
-
-
-_Starting = tuple[Delivery, JobMessage, int, Job]
-"""A claim about to start: its delivery, message, attempt and job."""
-
-_LOG_BATCH = 1000
-"""Job messages per enqueue record of the log (a big batch takes several)."""
 
 
 class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
@@ -219,27 +211,6 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
         self._publisher.publish([*self._enqueued(messages, now), *outgoing], "schedule a job")
         return [EnqueueOutcome.CREATED] * len(specs)
 
-    def _start(self, starting: Sequence[_Starting], lease_until: float, at: float) -> list[str]:
-        """Append the start records of claims about to run: each one's start id where it
-        won (its handler may run), "" where it lost (the delivery is dropped)."""
-        if not starting:
-            return []
-        sids = [secrets.token_hex(8) for _ in starting]
-        starts = [
-            [m.id, m.ver, attempts, m.returns, lease_until, sid]
-            for (_, m, attempts, _), sid in zip(starting, sids, strict=True)
-        ]
-        won = self._arbiter.append("S", "start a job", s=starts, at=at)
-        return [sid if ok else "" for sid, ok in zip(sids, won, strict=True)]
-
-    def _enqueued(self, messages: Sequence[JobMessage], now: float) -> list[Outgoing]:
-        """The log's enqueue records of ``messages``."""
-        texts = [encode(replace(m, local=0.0, more=0.0)).decode() for m in messages]
-        return [
-            self._arbiter.outgoing("E", m=texts[i : i + _LOG_BATCH], at=now)
-            for i in range(0, len(texts), _LOG_BATCH)
-        ]
-
     # -- workers -----------------------------------------------------------------
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
         limit = check_limit(limit)
@@ -269,7 +240,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
                 ended.append(again)
             out = self._buried(again) if kind == "bury" else self._outgoing(again, 0.0)
             burials.append((held.delivery, out))
-        starting: list[_Starting] = []
+        starting: list[Starting] = []
         for delivery in self._consumer.take_due(limit, mono):
             verdict = judge(delivery, self._settings.max_returns, wall)
             message = verdict.message
@@ -462,14 +433,6 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             if not ok:
                 results[index] = self._stale(items[index].claim)
         return results
-
-    @staticmethod
-    def _ended(item: Completion, held: Held) -> list[Any]:
-        """A finish record's entry: how the claim of ``held`` ended."""
-        state = "released" if item.released else item.state.value
-        run_at = item.run_at if state == "scheduled" else None
-        note = item.outcome if item.state in (JobState.SUCCEEDED, JobState.SKIPPED) else item.error
-        return [held.message.id, held.message.ver, held.sid, state, run_at, note]
 
     def _finish(self, item: Completion, held: Held, now: float) -> Outgoing | None:
         """The message a finish publishes before its ack (a retry, a dead letter), if any."""
