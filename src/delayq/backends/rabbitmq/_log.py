@@ -38,14 +38,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from delayq.backends._common import RELEASED_NOTE, clip_error
-from delayq.backends.rabbitmq._claims import expired_error, expired_note
+from delayq.backends.rabbitmq._claims import EARLY_GUARD, expired_error, expired_note
 from delayq.backends.rabbitmq._message import JobMessage, decode
 from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
-__all__ = ["FINISHED_KEEP", "Entry", "View", "record"]
+__all__ = ["FINISHED_KEEP", "SKEW", "Entry", "View", "record"]
 
 FINISHED_KEEP = 100_000
 """Finished entries a view keeps at most (the oldest forgotten first)."""
+
+SKEW = EARLY_GUARD
+"""Seconds by which a lease must have run out on a writer's clock before a cancel,
+reschedule or start takes the job from its holder (a lease end is the holder's wall
+clock; hosts' clocks are assumed to agree within this, as ``EARLY_GUARD`` assumes)."""
 
 _FINISHED = frozenset({JobState.SUCCEEDED, JobState.SKIPPED, JobState.DEAD, JobState.CANCELLED})
 _ENDS = {"succeeded": JobState.SUCCEEDED, "skipped": JobState.SKIPPED, "dead": JobState.DEAD}
@@ -75,7 +80,9 @@ class Entry:
     seq: int = 0  # changes so far (a reschedule's base)
 
     def expired(self, at: float) -> bool:
-        return self.state is JobState.RUNNING and self.lease_until <= at
+        """A running entry whose lease ran out by ``at`` (a writer's clock), by more than
+        the clock skew hosts are assumed to stay within."""
+        return self.state is JobState.RUNNING and self.lease_until + SKEW <= at
 
     def used_up(self) -> bool:
         return self.message is not None and self.attempts >= self.message.max_attempts
