@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
+from delayq.errors import Unsupported
 from delayq.job import CancelOutcome, JobSpec, JobState
 from tests._util import wait_until
 from tests.rabbitmq_support import delete_queues, unique_queue, vhost_url
@@ -122,3 +124,26 @@ def test_a_worker_killed_between_its_start_record_and_the_handler_loses_no_job(
             second.kill()
             second.wait(timeout=10)
     assert started(record)["victim"] == 1  # the dead worker never recorded it
+
+
+def test_with_log_false_a_job_runs_without_a_start_record_and_nothing_is_by_id(
+    queue: str,
+) -> None:
+    backend = RabbitMQBackend(vhost_url(log="false"), queue=queue)
+    try:
+        assert "definite_cancel" not in backend.features
+        assert "definite_cancel" in RabbitMQBackend.features
+        backend.enqueue([due_now("j")])
+
+        def claimed() -> list[str]:
+            claims = backend.claim(limit=1, lease=30)
+            backend.complete([Completion.ack(c) for c in claims])
+            return [c.job.id for c in claims]
+
+        assert wait_until(lambda: claimed() == ["j"], timeout=30, interval=0.02)
+        with pytest.raises(Unsupported, match="log=false"):
+            backend.cancel("j")
+        with pytest.raises(Unsupported, match="log=false"):
+            backend.get("j")
+    finally:
+        backend.close()

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("pika")
 
-from delayq.backends.rabbitmq._log import View, record
-from delayq.backends.rabbitmq._message import JobMessage, encode
+from delayq.backends.rabbitmq._log import View, enqueued, record
+from delayq.backends.rabbitmq._message import JobMessage
 from delayq.job import CancelOutcome, JobState, RescheduleOutcome
 
 T0 = 1_700_000_000.0
@@ -29,7 +29,7 @@ class Log:
         return self.view.apply(record(kind, "t", **fields))[1]
 
     def enqueue(self, *messages: JobMessage, at: float = T0) -> None:
-        self.put("E", m=[encode(m).decode() for m in messages], at=at)
+        self.put("E", m=[enqueued(m) for m in messages], at=at)
 
     def start(
         self, sid: str, *, ver: str = "v1", attempt: int = 1, returns: int = 0, at: float = T0

@@ -7,7 +7,8 @@
 ``confirm_timeout`` (30 s), ``declare`` (``auto`` or ``passive``),
 ``queue_type`` (``quorum``; ``classic`` needs ``allow_at_most_once=true``),
 ``policies`` (``warn``, ``refuse`` or ``off``: vhost policies that change delayq's
-queues, see ``_policies.py``).
+queues, see ``_policies.py``), ``log`` (``true``; ``false`` drops the queue's log and
+with it everything by id).
 
 How a job travels (the parts live in this folder; ``_store.py`` holds the
 contract methods):

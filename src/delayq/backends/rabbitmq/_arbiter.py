@@ -45,6 +45,8 @@ log = logging.getLogger("delayq.rabbitmq")
 
 _PREFETCH = 2000
 """Records the tailing consumer holds unacked (a stream needs acks for credit only)."""
+_ACK_EVERY = 200
+"""Records acked together (``multiple``): well under the prefetch, so credit never runs out."""
 _PENDING = object()
 
 
@@ -180,7 +182,8 @@ class Arbiter:
 
     def _on_record(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         offset = int((properties.headers or {}).get("x-stream-offset", -1))
-        channel.basic_ack(method.delivery_tag)
+        if method.delivery_tag % _ACK_EVERY == 0:
+            channel.basic_ack(method.delivery_tag, multiple=True)
         with self._cond:
             if offset < self._next:
                 return  # before the offset asked for: folded already

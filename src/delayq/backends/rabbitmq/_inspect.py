@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from delayq.backends._common import check_when
@@ -21,10 +20,11 @@ from delayq.backends.base import Completion
 from delayq.backends.rabbitmq._arbiter import Arbiter
 from delayq.backends.rabbitmq._claims import Held
 from delayq.backends.rabbitmq._consumer import Delivery
-from delayq.backends.rabbitmq._message import JobMessage, encode, new_instance
+from delayq.backends.rabbitmq._log import enqueued
+from delayq.backends.rabbitmq._message import JobMessage, new_instance
 from delayq.backends.rabbitmq._publisher import Outgoing
 from delayq.clock import Clock
-from delayq.errors import BackendError, InvalidOption
+from delayq.errors import BackendError, InvalidOption, Unsupported
 from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
 __all__ = ["RabbitMQInspection", "Starting"]
@@ -51,6 +51,7 @@ class RabbitMQInspection:
 
     _arbiter: Arbiter
     _clock: Clock
+    _log_on: bool  # False: opened with log=false (no log: nothing by id)
 
     def _check_open(self) -> None:
         raise NotImplementedError
@@ -58,11 +59,24 @@ class RabbitMQInspection:
     def _outgoing(self, message: JobMessage, delay: float) -> Outgoing:
         raise NotImplementedError
 
+    def _record(self, kind: str, **fields: Any) -> list[Outgoing]:
+        """A log record nobody waits for, to publish in a batch (none without the log)."""
+        return [self._arbiter.outgoing(kind, **fields)] if self._log_on else []
+
+    def _by_id(self, what: str) -> None:
+        if not self._log_on:
+            raise Unsupported(
+                f"the RabbitMQ store was opened with log=false, so it cannot {what}: open "
+                f"it with its log (the default) to cancel, reschedule or get jobs by id"
+            )
+
     def _start(self, starting: Sequence[Starting], lease_until: float, at: float) -> list[str]:
         """Append the start records of claims about to run: each one's start id where it
         won (its handler may run), "" where it lost (the delivery is dropped)."""
         if not starting:
             return []
+        if not self._log_on:
+            return ["-"] * len(starting)  # no log: every claim runs
         sids = [secrets.token_hex(8) for _ in starting]
         starts = [
             [m.id, m.ver, attempts, m.returns, lease_until, sid]
@@ -73,10 +87,12 @@ class RabbitMQInspection:
 
     def _enqueued(self, messages: Sequence[JobMessage], now: float) -> list[Outgoing]:
         """The log's enqueue records of ``messages``."""
-        texts = [encode(replace(m, local=0.0, more=0.0)).decode() for m in messages]
+        if not self._log_on:
+            return []
+        items = [enqueued(m) for m in messages]
         return [
-            self._arbiter.outgoing("E", m=texts[i : i + _LOG_BATCH], at=now)
-            for i in range(0, len(texts), _LOG_BATCH)
+            self._arbiter.outgoing("E", m=items[i : i + _LOG_BATCH], at=now)
+            for i in range(0, len(items), _LOG_BATCH)
         ]
 
     @staticmethod
@@ -90,6 +106,7 @@ class RabbitMQInspection:
     def cancel(self, job_id: str) -> CancelOutcome:
         job_id = _job_id(job_id)
         self._check_open()
+        self._by_id("cancel a job by id")
         answer = self._arbiter.append("C", "cancel a job", id=job_id, at=self._clock.time())
         return CancelOutcome(answer)
 
@@ -99,6 +116,7 @@ class RabbitMQInspection:
         at, after = check_when(run_at, delay)
         job_id = _job_id(job_id)
         self._check_open()
+        self._by_id("reschedule a job by id")
         for _ in range(_TRIES):
             entry = self._arbiter.read(job_id, "reschedule a job")
             if entry is None:
@@ -119,5 +137,6 @@ class RabbitMQInspection:
     def get(self, job_id: str) -> Job | None:
         job_id = _job_id(job_id)
         self._check_open()
+        self._by_id("look a job up by id")
         entry = self._arbiter.read(job_id, "look a job up by id")
         return None if entry is None else entry.job(self._clock.time())

@@ -8,8 +8,9 @@ two competing records comes first in the stream wins, everywhere.
 Records (JSON bodies, ``k`` their kind; ``t`` the token its writer waits on, ``at``
 the writer's wall clock):
 
-* ``E`` enqueue: the job messages of one ``enqueue`` (or a requeued dead letter);
-  each becomes a SCHEDULED entry at its version ``ver``.
+* ``E`` enqueue: ``[id, ver, run_at, attempts, message]`` per job of one ``enqueue``
+  (or a requeued dead letter, :func:`enqueued`); each becomes a SCHEDULED entry at its
+  version ``ver``, its message (JSON text) decoded only when a call needs it.
 * ``S`` start: ``[id, ver, attempt, returns, lease_until, sid]`` per claimed delivery,
   appended before its handler runs; each wins (the claim runs) or loses (the
   delivery is dropped): see :meth:`View.start`.
@@ -39,10 +40,10 @@ from typing import Any
 
 from delayq.backends._common import RELEASED_NOTE, clip_error
 from delayq.backends.rabbitmq._claims import EARLY_GUARD, expired_error, expired_note
-from delayq.backends.rabbitmq._message import JobMessage, decode
+from delayq.backends.rabbitmq._message import JobMessage, decode, encode
 from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
-__all__ = ["FINISHED_KEEP", "SKEW", "Entry", "View", "record"]
+__all__ = ["FINISHED_KEEP", "SKEW", "Entry", "View", "enqueued", "record"]
 
 FINISHED_KEEP = 100_000
 """Finished entries a view keeps at most (the oldest forgotten first)."""
@@ -56,6 +57,12 @@ _FINISHED = frozenset({JobState.SUCCEEDED, JobState.SKIPPED, JobState.DEAD, JobS
 _ENDS = {"succeeded": JobState.SUCCEEDED, "skipped": JobState.SKIPPED, "dead": JobState.DEAD}
 
 
+def enqueued(message: JobMessage) -> list[Any]:
+    """An enqueue record's entry for ``message``."""
+    text = encode(replace(message, local=0.0, more=0.0)).decode()
+    return [message.id, message.ver, message.run_at, message.attempts, text]
+
+
 def record(kind: str, token: str = "", **fields: Any) -> bytes:
     """A record's body."""
     return json.dumps({"k": kind, "t": token, **fields}, separators=(",", ":")).encode()
@@ -66,7 +73,7 @@ class Entry:
     """What the log says of one job id."""
 
     id: str
-    message: JobMessage | None  # the live version (None: a start came before its enqueue)
+    body: str | None  # the live version's message as JSON text (None: its start came first)
     ver: str
     state: JobState
     run_at: float
@@ -78,6 +85,18 @@ class Entry:
     last_error: str | None = None
     outcome: str | None = None
     seq: int = 0  # changes so far (a reschedule's base)
+    decoded: JobMessage | None = None  # ``body`` decoded, once needed
+
+    @property
+    def message(self) -> JobMessage | None:
+        """The live version's message (None: a start came before its enqueue record)."""
+        if self.decoded is None and self.body is not None:
+            self.decoded = decode(self.body.encode())
+        return self.decoded
+
+    @message.setter
+    def message(self, message: JobMessage) -> None:
+        self.decoded, self.body = message, None
 
     def expired(self, at: float) -> bool:
         """A running entry whose lease ran out by ``at`` (a writer's clock), by more than
@@ -139,8 +158,8 @@ class View:
             return "", None
         self._forget(at)
         if kind == "E":
-            for text in data["m"]:
-                self.enqueue(decode(text.encode()), at)
+            for item in data["m"]:
+                self.enqueue(item, at)
             return token, None
         if kind == "S":
             return token, [self.start(item, at) for item in data["s"]]
@@ -177,23 +196,19 @@ class View:
             if entry is not None and entry.seq == seq:
                 del self.entries[job_id]
 
-    def enqueue(self, message: JobMessage, at: float) -> None:
-        entry = self.entries.get(message.id)
-        if entry is not None and entry.ver == message.ver:
-            entry.message = entry.message or message  # its start came first
+    def enqueue(self, item: Sequence[Any], at: float) -> None:
+        """``item``: ``[id, ver, run_at, attempts, message]`` (:func:`enqueued`)."""
+        job_id, ver, text = str(item[0]), str(item[1]), str(item[4])
+        entry = self.entries.get(job_id)
+        if entry is not None and entry.ver == ver:
+            if entry.body is None and entry.decoded is None:
+                entry.body = text  # its start came first
             return
         # New, or the id enqueued again: the new job replaces the old (whose copies are
         # then of another version, dropped when they come).
         seq = entry.seq + 1 if entry is not None else 0
-        self.entries[message.id] = Entry(
-            message.id,
-            message,
-            message.ver,
-            JobState.SCHEDULED,
-            message.run_at,
-            message.attempts,
-            at,
-            seq=seq,
+        self.entries[job_id] = Entry(
+            job_id, text, ver, JobState.SCHEDULED, float(item[2]), int(item[3]), at, seq=seq
         )
 
     def start(self, item: Sequence[Any], at: float) -> bool:

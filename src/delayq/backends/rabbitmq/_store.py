@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from delayq.backends._common import (
@@ -91,7 +91,9 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
     the consumer have their own locks, and none is held while calling the other.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({"shared", "durable", "definite_cancel"})
+    features: frozenset[str] = frozenset({"shared", "durable", "definite_cancel"})
+    """The promises of a store with its log (the default); ``log=false`` keeps
+    ``shared`` and ``durable`` only."""
 
     def __init__(
         self,
@@ -104,6 +106,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
         confirm_timeout: float | None = None,
         declare: str | None = None,
         allow_at_most_once: bool | None = None,
+        log: bool | None = None,
         policies: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -116,6 +119,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             confirm_timeout=confirm_timeout,
             declare=declare,
             allow_at_most_once=allow_at_most_once,
+            log=log,
             policies=policies,
         )
         self.url = self._settings.url
@@ -125,6 +129,9 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
         self._publisher = Publisher(self._settings, self._topology)
         self._consumer = Consumer(self._settings, self._topology, self._adopt)
         self._dead = DeadLetters(self._settings, self._topology)
+        self._log_on = self._settings.log
+        if not self._log_on:
+            self.features = frozenset({"shared", "durable"})
         self._arbiter = Arbiter(
             self._settings, self._topology.log_queue, self._publisher.publish, DEFAULT_RESULT_TTL
         )
@@ -296,7 +303,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             claims.append(Claim(job, token, wall + lease, wall))
         if ended:
             finishes = [[m.id, m.ver, "", "dead", None, m.last_error] for m in ended]
-            burials.append((None, self._arbiter.outgoing("F", f=finishes, at=wall)))
+            burials += [(None, r) for r in self._record("F", f=finishes, at=wall)]
         if burials:
             try:
                 self._publisher.publish([o for _, o in burials], "bury or pass on a job")
@@ -410,7 +417,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             if finish is not None:
                 outgoing.append(finish)
         ends = [self._ended(items[i], h) for i, h in taken] + [self._ended(i, h) for i, h in lost]
-        outgoing.append(self._arbiter.outgoing("F", f=ends, at=now))
+        outgoing += self._record("F", f=ends, at=now)
         try:
             self._publisher.publish(outgoing, "finish a job")
         except BaseException:
@@ -477,8 +484,8 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
                 held = self._held.get(claim.token)
                 if held is not None and held.delivery.generation == generation:
                     renew.append((index, held))
-        kept: list[bool] = []
-        if renew:
+        kept: list[bool] = [True] * len(renew)
+        if renew and self._log_on:
             leases = [[held.message.id, held.sid, wall + lease] for _, held in renew]
             kept = self._arbiter.append("L", "renew a lease", l=leases, at=wall)
         answers: list[Claim | StaleClaim] = [self._stale(claim) for claim in claims]
@@ -564,7 +571,7 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
         self._check_open()
         purged = self._dead.purge(ids, cutoff)
         if purged:
-            self._publisher.publish([self._arbiter.outgoing("P", ids=purged)], "purge dead letters")
+            self._publisher.publish(self._record("P", ids=purged), "purge dead letters")
         return len(purged)
 
     def close(self) -> None:
