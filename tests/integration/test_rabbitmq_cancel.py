@@ -14,12 +14,13 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
-from delayq.errors import Unsupported
+from delayq.errors import BackendUnavailable, Unsupported
 from delayq.job import CancelOutcome, JobSpec, JobState
 from tests._util import wait_until
 from tests.rabbitmq_support import delete_queues, unique_queue, vhost_url
@@ -147,3 +148,37 @@ def test_with_log_false_a_job_runs_without_a_start_record_and_nothing_is_by_id(
             backend.get("j")
     finally:
         backend.close()
+
+
+def test_a_claim_whose_start_record_went_unanswered_loses_no_job(
+    store: RabbitMQBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = store._arbiter.append
+
+    def stored_then_lost(kind: str, action: str, *args: Any, **fields: Any) -> Any:
+        real(kind, action, *args, **fields)  # the record is in the log, its answer lost
+        monkeypatch.setattr(store._arbiter, "append", real)
+        raise BackendUnavailable("the answer was lost")
+
+    store.enqueue([due_now("j")])
+
+    def delivered() -> bool:
+        store.wait_for_due(0.05)  # starts the consumer
+        return store._consumer.buffered() == 1
+
+    assert wait_until(delivered, timeout=30)
+    monkeypatch.setattr(store._arbiter, "append", stored_then_lost)
+    with pytest.raises(BackendUnavailable):
+        store.claim(limit=1, lease=30)
+    got: list[str] = []
+
+    def claimed() -> bool:
+        claims = store.claim(limit=1, lease=30)
+        store.complete([Completion.ack(c) for c in claims])
+        got.extend(c.job.id for c in claims)
+        return bool(got)
+
+    assert wait_until(claimed, timeout=30, interval=0.02)
+    assert got == ["j"]
+    job = store.get("j")
+    assert job is not None and job.state is JobState.SUCCEEDED

@@ -288,8 +288,11 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
         try:
             won = self._start(starting, wall + lease, wall)
         except BaseException:
-            for held_back in [s[0] for s in starting] + [d for d, _ in burials if d is not None]:
+            for held_back in [d for d, _ in burials if d is not None]:
                 self._consumer.put_back(held_back)  # still held: the next claim tries again
+            # Their start records may be in the log, winning for nobody: returned to the
+            # broker, they come back as returns, whose start wins over such a record.
+            self._consumer.settle([(s[0], True) for s in starting])
             raise
         lost: list[Delivery] = []
         for (delivery, message, attempts, job), sid in zip(starting, won, strict=True):
