@@ -32,6 +32,7 @@ MODULES = (
     "recurring",
     "postgres",
     "rabbitmq",
+    "rabbitmq_cancel",
 )
 
 

@@ -15,8 +15,9 @@ Every run gets a virtual host of its own (``rabbitmqctl add_vhost``, deleted aft
   is scheduled; one worker process; lateness = handler start minus due time) for:
 
   - ``delayq-rabbitmq``: quorum queues, levels of whole 32 ms units, the rest waited
-    out by the worker (``Worker(app)`` defaults); ``delayq-rabbitmq-classic`` the same
-    on classic queues;
+    out by the worker (``Worker(app)`` defaults), the queue's log on (a start record
+    before each claim runs); ``delayq-rabbitmq-nolog`` the same with ``log=false``;
+    ``delayq-rabbitmq-classic`` on classic queues;
   - ``celery-native``: Celery on quorum queues, kombu's native delayed delivery. It
     refuses countdowns under 1 s, so those jobs are scheduled 1 s ahead instead;
   - ``celery-classic``: Celery on a classic queue: an ETA message is delivered at once
@@ -118,6 +119,12 @@ SYSTEMS: list[load.System] = [
         _prepare("?queue=bench-load"),
         modules=("pika",),
         notes="quorum levels of 32 ms units, the rest (< 32 ms) waited out by the worker",
+    ),
+    load.delayq_system(
+        "delayq-rabbitmq-nolog",
+        _prepare("?queue=bench-load&log=false"),
+        modules=("pika",),
+        notes="the same without the queue's log (log=false: no start record, nothing by id)",
     ),
     load.delayq_system(
         "delayq-rabbitmq-classic",

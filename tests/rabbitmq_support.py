@@ -207,11 +207,11 @@ def queue_depth(name: str) -> int:
 
 
 def delete_queues(queue: str) -> None:
-    """Delete a test queue's ready queue and dead stream (the shared levels stay with the
+    """Delete a test queue's ready queue, dead stream and log (the shared levels stay with the
     vhost; messages still in them go to its orphans queue)."""
 
     def delete(channel: Any) -> None:
-        for name in (ready_queue(queue), dead_stream(queue)):
+        for name in (ready_queue(queue), dead_stream(queue), f"delayq.v2.log.{queue}"):
             channel.queue_delete(name)
 
     with contextlib.suppress(pika.exceptions.AMQPError):

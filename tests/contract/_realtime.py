@@ -8,7 +8,7 @@ meaning this way:
 
 * **Test time runs 1/SCALE times faster than real time.** From the first
   ``enqueue`` on, test time ``T`` is the real instant ``R(T) = R0 + (T - T0) *
-  SCALE``. Delays and leases given to the store are scaled (a job due 5 test
+  SCALE``. Delays, leases and reschedules given to the store are scaled (a job due 5 test
   seconds ahead is due 0.25 real seconds after it is stored), and the times in
   the claims it returns are mapped back (``claimed_at``, ``lease_until`` and
   the job's ``run_at`` read in test time). The store gets the test's FakeClock
@@ -52,7 +52,7 @@ from delayq.backends._common import complete_then_claim
 from delayq.backends.base import Backend, Completion
 from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import Unsupported
-from delayq.job import Claim, EnqueueOutcome, JobSpec, JobState
+from delayq.job import CancelOutcome, Claim, EnqueueOutcome, JobSpec, JobState, RescheduleOutcome
 from delayq.testing import FakeClock
 
 __all__ = ["DEADLINE", "MAX_REAL_WAIT", "SCALE", "RealTimeStore", "realtime"]
@@ -297,6 +297,46 @@ class RealTimeStore:
     ) -> tuple[list[Any], list[Claim]]:
         """``complete`` then ``claim``, each as above."""
         return complete_then_claim(self, batch, limit=limit, lease=lease)
+
+    def get(self, job_id: str) -> Any:
+        """The job, its due time read in test time (as a claim's)."""
+        self._sync()
+        job = self._call("get", job_id)
+        track = self._jobs.get(job_id)
+        if job is not None and track is not None and track.due is not None:
+            job = replace(job, run_at=track.due)
+        return job
+
+    def cancel(self, job_id: str) -> Any:
+        self._sync()
+        outcome = self._call("cancel", job_id)
+        track = self._jobs.get(job_id)
+        if isinstance(outcome, CancelOutcome) and outcome.cancelled and track is not None:
+            track.due = track.lease_until = None
+        return outcome
+
+    def reschedule(self, job_id: str, run_at: Any = None, *, delay: Any = None) -> Any:
+        """A due time (or delay) scaled as ``enqueue`` scales it."""
+        return self._moved("reschedule", job_id, run_at, delay)
+
+    def requeue_dead(self, job_id: str, run_at: Any = None, *, delay: Any = None) -> Any:
+        return self._moved("requeue_dead", job_id, run_at, delay)
+
+    def _moved(self, name: str, job_id: str, run_at: Any, delay: Any) -> Any:
+        self._sync()
+        real_at = self._scaled(run_at) if _finite(run_at) else run_at
+        real_delay = delay * SCALE if _finite(delay) and delay > 0 else delay
+        outcome = self._call(name, job_id, real_at, delay=real_delay)
+        moved = outcome is True or (
+            isinstance(outcome, RescheduleOutcome) and outcome.name.startswith("RESCHEDULED")
+        )
+        if moved:
+            now = self._clock.time()
+            due = (run_at or now) if delay is None else now + max(0.0, delay)
+            track = self._jobs.setdefault(job_id, _Track(None))
+            track.due, track.lease_until = due, None
+            self._line.changed = SYSTEM_CLOCK.monotonic()
+        return outcome
 
     def wait_for_due(self, max_wait: float) -> None:
         ok = _finite(max_wait) and max_wait > 0

@@ -21,6 +21,7 @@ from delayq.errors import (
     ConfigurationError,
     InvalidDelay,
     InvalidInput,
+    InvalidOption,
     InvalidPayload,
     StaleClaim,
     Unsupported,
@@ -196,9 +197,10 @@ def test_bad_input_is_rejected_at_the_call(backend: RabbitMQBackend, queue: str)
         backend.enqueue([JobSpec(id="p", name="x", payload="{not json", run_at=0.0)])
     with pytest.raises(Unsupported, match="keep or replace"):
         app.schedule("x", {}, delay=1, job_id="k", on_conflict="keep")
-    for call in (lambda: app.cancel("k"), lambda: app.get("k"), backend.stats):
-        with pytest.raises(Unsupported, match="keeps no record"):
-            call()
+    with pytest.raises(Unsupported, match="keeps no index"):
+        backend.stats()
+    with pytest.raises(InvalidOption, match="job_id"):
+        backend.cancel(7)  # type: ignore[arg-type]
 
 
 def test_an_unreachable_broker_is_a_clear_error() -> None:

@@ -7,7 +7,8 @@
 ``confirm_timeout`` (30 s), ``declare`` (``auto`` or ``passive``),
 ``queue_type`` (``quorum``; ``classic`` needs ``allow_at_most_once=true``),
 ``policies`` (``warn``, ``refuse`` or ``off``: vhost policies that change delayq's
-queues, see ``_policies.py``).
+queues, see ``_policies.py``), ``log`` (``true``; ``false`` drops the queue's log and
+with it everything by id).
 
 How a job travels (the parts live in this folder; ``_store.py`` holds the
 contract methods):
@@ -26,17 +27,21 @@ contract methods):
 * ``_claims.py``: what a due delivery becomes, and how attempts and returns are
   counted (in the message, never from the broker's delivery count).
 * ``_dead.py``: the dead-letter stream (read by offset, never consumed).
+* ``_log.py``, ``_arbiter.py``, ``_inspect.py``: the queue's log, a second stream
+  that decides every race on a job id (a cancel or reschedule against a worker's
+  start, two copies of one delivery), read back by a thread of each handle that
+  needs an answer; ``cancel``, ``reschedule`` and ``get`` answer from it.
 * ``admin.py``: ``delayq rabbitmq verify | setup | teardown`` (public: the CLI uses it).
 
 What this store promises is in ``RabbitMQBackend.features``: ``shared`` (many
-workers on one queue) and ``durable`` (quorum queues, persistent messages,
-publisher confirms, at-least-once dead-lettering between levels). There is no
-record of a job outside its message, so it does not offer ``get``,
-``list_jobs``, ``stats``, ``next_due``, ``cancel`` or ``reschedule`` (they
-raise :class:`~delayq.errors.Unsupported`), it cannot tell that a job id is
-already taken (``on_conflict="reject"`` does not check; ``keep`` and
-``replace`` raise ``Unsupported``), and claims are handed out in due order on
-each worker only. ``claim(now=...)`` cannot move the broker's time: it is
+workers on one queue), ``durable`` (quorum queues, persistent messages,
+publisher confirms, at-least-once dead-lettering between levels) and
+``definite_cancel`` (the log). It keeps no index of jobs, so it does not offer
+``list_jobs``, ``stats`` or ``next_due`` (they raise
+:class:`~delayq.errors.Unsupported`), it does not refuse a job id already taken
+(``on_conflict="reject"`` does not check, the later job replaces the earlier;
+``keep`` and ``replace`` raise ``Unsupported``), and claims are handed out in due
+order on each worker only. ``claim(now=...)`` cannot move the broker's time: it is
 checked and otherwise ignored.
 """
 

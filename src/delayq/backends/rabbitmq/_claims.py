@@ -47,6 +47,7 @@ class Held:
     message: JobMessage
     attempts: int  # the attempt this claim is
     lease_mono: float  # monotonic lease end: ``claim`` publishes it again after this
+    sid: str = ""  # its start record in the queue's log (``_log.py``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "declare": str,
     "allow_at_most_once": flag,
     "policies": str,
+    "log": flag,
 }
 """Query parameters that are delayq options; every other one goes to pika."""
 DEFAULT_QUEUE = "default"
@@ -79,6 +80,7 @@ class Settings:
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT
     declare: str = "auto"  # "auto" (declare what is missing) or "passive" (check only)
     policies: str = "warn"  # risky vhost policies at open: "warn", "refuse" or "off"
+    log: bool = True  # the queue's log (_log.py): cancel / reschedule / get by id
 
     @classmethod
     def parse(cls, url: str, **options: Any) -> Settings:
@@ -133,6 +135,9 @@ class Settings:
             raise ConfigurationError(
                 f"policies must be 'warn', 'refuse' or 'off', got {policies!r}"
             )
+        log = pick("log", True)
+        if not isinstance(log, bool):
+            raise ConfigurationError(f"log must be true or false, got {log!r}")
         parts = urlsplit(rest_url)
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         vhost = unquote(path) if path else "/"
@@ -148,6 +153,7 @@ class Settings:
             confirm_timeout=timeout,
             declare=str(declare),
             policies=str(policies),
+            log=log,
         )
 
 

@@ -25,7 +25,7 @@ import datetime
 import json
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,7 +162,7 @@ class DeadLetters:
                 self._drop()
                 raise
 
-    def _publish(self, confirms: Confirms, messages: list[Outgoing]) -> None:
+    def _publish(self, confirms: Confirms, messages: Sequence[Outgoing]) -> None:
         confirms.send(messages, self._settings.confirm_timeout, set())
 
     def _read(self, confirms: Confirms) -> tuple[dict[int, DeadLetter], int]:
@@ -223,8 +223,8 @@ class DeadLetters:
         jobs: list[Job] = self._run("list dead letters", read)
         return jobs
 
-    def requeue(self, job_id: str, again: Callable[[JobMessage], Outgoing]) -> bool:
-        """Publish ``again(message)`` for the newest dead letter of ``job_id``, then
+    def requeue(self, job_id: str, again: Callable[[JobMessage], Sequence[Outgoing]]) -> bool:
+        """Publish the messages ``again(message)`` for the newest dead letter of ``job_id``, then
         tombstone it (a crash in between leaves it both requeued and dead: at least once)."""
 
         def requeue(confirms: Confirms) -> bool:
@@ -234,29 +234,31 @@ class DeadLetters:
                 return False
             letter = max(found, key=lambda d: (d.buried_at, d.offset))
             assert letter.message is not None
-            self._publish(confirms, [again(letter.message)])
+            self._publish(confirms, again(letter.message))
             self._publish(confirms, [self._tomb([letter.offset])])
             return True
 
         return bool(self._run("requeue a dead letter", requeue))
 
-    def purge(self, ids: set[str] | None, cutoff: float | None) -> int:
-        """Tombstone the dead letters in ``ids`` (all when None) buried before ``cutoff``."""
+    def purge(self, ids: set[str] | None, cutoff: float | None) -> Sequence[str]:
+        """Tombstone the dead letters in ``ids`` (all when None) buried before ``cutoff``;
+        the ids of those purged ("?" for an unreadable one)."""
 
-        def purge(confirms: Confirms) -> int:
+        def purge(confirms: Confirms) -> list[str]:
             letters, _ = self._read(confirms)
             chosen = [
-                d.offset
+                d
                 for d in letters.values()
                 if (ids is None or (d.message.id if d.message else None) in ids)
                 and (cutoff is None or d.buried_at < cutoff)
             ]
-            for start in range(0, len(chosen), 10_000):
-                self._publish(confirms, [self._tomb(sorted(chosen[start : start + 10_000]))])
-            return len(chosen)
+            offsets = sorted(d.offset for d in chosen)
+            for start in range(0, len(offsets), 10_000):
+                self._publish(confirms, [self._tomb(offsets[start : start + 10_000])])
+            return [d.message.id if d.message else "?" for d in chosen]
 
-        count: int = self._run("purge dead letters", purge)
-        return count
+        purged: list[str] = self._run("purge dead letters", purge)
+        return purged
 
     def close(self) -> None:
         with self._lock:

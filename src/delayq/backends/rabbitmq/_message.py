@@ -1,13 +1,15 @@
 """The RabbitMQ store's message body: one job as JSON, and its decoding on delivery.
 
-A message carries everything a worker needs (there is no other record of the
-job): the spec, the producer's estimate of the due time, how many attempts
-started before this message was published, how often the broker returned it
-unfinished (``returns``: its worker stopped or lost its connection), the last
-error, ``local``, the seconds of its delay that the levels did not hold (waited
-out by the worker), and ``instance``, a random id of this one publication (a
-retry or a copy is a new one), so a worker can recognise a returned message it
-is still running.
+A message carries everything a worker needs: the spec, the producer's
+estimate of the due time, how many attempts started before this message was
+published, how often the broker returned it unfinished (``returns``: its worker
+stopped or lost its connection), the last error, ``local``, the seconds of its
+delay that the levels did not hold (waited out by the worker), ``more``, what a
+delay longer than one pass has left, ``instance``, a random id of this one
+publication (a retry or a copy is a new one), so a worker can recognise a
+returned message it is still running, and ``ver``, the job's version in the
+queue's log (``_log.py``): set at enqueue, kept by every copy, new on a
+reschedule, so a copy of an older version loses its start and is dropped.
 
 The body is UTF-8 JSON (``ensure_ascii=False``): a payload of non-ASCII text
 takes about its own size, not up to three times as much.
@@ -47,6 +49,7 @@ class JobMessage:
     more: float = 0.0  # seconds of delay left for another pass through the levels
     returns: int = 0  # times the broker returned this job unfinished (not attempts)
     instance: str = ""  # this publication's random id (set by ``encode`` when empty)
+    ver: str = ""  # the job's version in the queue's log: set at enqueue, new on reschedule
 
     @classmethod
     def from_spec(cls, spec: JobSpec, run_at: float, now: float) -> JobMessage:
@@ -59,6 +62,7 @@ class JobMessage:
             backoff=dict(spec.backoff),
             misfire=spec.misfire,
             created_at=spec.created_at or now,
+            ver=new_instance(),
         )
 
     def job(self, state: JobState, attempts: int, updated_at: float, **fields: Any) -> Job:
@@ -101,6 +105,7 @@ def encode(message: JobMessage) -> bytes:
         "local": message.local,
         "more": message.more,
         "returns": message.returns,
+        "ver": message.ver,
     }
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -136,6 +141,7 @@ def decode(body: bytes) -> JobMessage:
         more=max(0.0, _finite(data.get("more", 0.0), "more")),
         returns=max(0, int(data.get("returns", 0))),
         instance=str(data.get("i", "")),
+        ver=str(data.get("ver", "")),
     )
     json.loads(message.payload)  # a payload that is not JSON text is unreadable too
     return message

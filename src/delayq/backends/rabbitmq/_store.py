@@ -12,12 +12,13 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from delayq.backends._common import (
+    DEFAULT_RESULT_TTL,
     RELEASED_NOTE,
     CompletesInBatches,
     check_claim_now,
@@ -27,14 +28,17 @@ from delayq.backends._common import (
     check_run_at,
     check_spec,
     check_when,
+    extend_one_by_one,
     undecodable_error,
 )
 from delayq.backends.base import Completion
+from delayq.backends.rabbitmq._arbiter import Arbiter
 from delayq.backends.rabbitmq._claims import Held, expired, judge
 from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
-from delayq.backends.rabbitmq._message import JobMessage, encode
+from delayq.backends.rabbitmq._inspect import RabbitMQInspection, Starting
+from delayq.backends.rabbitmq._message import JobMessage, encode, new_instance
 from delayq.backends.rabbitmq._policies import check_at_open
 from delayq.backends.rabbitmq._publisher import Outgoing, Publisher
 from delayq.backends.rabbitmq._topology import Topology, route
@@ -48,14 +52,12 @@ from delayq.errors import (
     Unsupported,
 )
 from delayq.job import (
-    CancelOutcome,
     Claim,
     EnqueueOutcome,
     Job,
     JobSpec,
     JobState,
     OnConflict,
-    RescheduleOutcome,
     Stats,
     check_on_conflict,
 )
@@ -76,19 +78,22 @@ _FINISHED_KEEP = 20_000
 """At most this many kept (the oldest go first): a few seconds of acks at full speed."""
 
 _NO_INDEX = (
-    "the RabbitMQ store keeps no record of a job outside its message, so it cannot {what}; "
-    "use the Redis, PostgreSQL or SQLite store when you need it"
+    "the RabbitMQ store answers get, cancel and reschedule by id from its log but keeps no "
+    "index of jobs, so it cannot {what}; use the Redis, PostgreSQL or SQLite store when you "
+    "need it"
 )
 
 
-class RabbitMQBackend(CompletesInBatches):
+class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
     """A :class:`~delayq.backends.base.Backend` on RabbitMQ (see the module docstring).
 
     Lock rule: ``_lock`` guards ``_held`` and ``_closed``; the publisher and
     the consumer have their own locks, and none is held while calling the other.
     """
 
-    features: ClassVar[frozenset[str]] = frozenset({"shared", "durable"})
+    features: frozenset[str] = frozenset({"shared", "durable", "definite_cancel"})
+    """The promises of a store with its log (the default); ``log=false`` keeps
+    ``shared`` and ``durable`` only."""
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class RabbitMQBackend(CompletesInBatches):
         confirm_timeout: float | None = None,
         declare: str | None = None,
         allow_at_most_once: bool | None = None,
+        log: bool | None = None,
         policies: str | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
@@ -113,6 +119,7 @@ class RabbitMQBackend(CompletesInBatches):
             confirm_timeout=confirm_timeout,
             declare=declare,
             allow_at_most_once=allow_at_most_once,
+            log=log,
             policies=policies,
         )
         self.url = self._settings.url
@@ -122,6 +129,12 @@ class RabbitMQBackend(CompletesInBatches):
         self._publisher = Publisher(self._settings, self._topology)
         self._consumer = Consumer(self._settings, self._topology, self._adopt)
         self._dead = DeadLetters(self._settings, self._topology)
+        self._log_on = self._settings.log
+        if not self._log_on:
+            self.features = frozenset({"shared", "durable"})
+        self._arbiter = Arbiter(
+            self._settings, self._topology.log_queue, self._publisher.publish, DEFAULT_RESULT_TTL
+        )
         self._lock = threading.Lock()
         self._held: dict[int, Held] = {}
         # instance -> (what its finish needs, monotonic expiry): claims finished after
@@ -193,24 +206,17 @@ class RabbitMQBackend(CompletesInBatches):
         specs = [check_spec(spec) for spec in jobs]
         self._check_open()
         now = self._clock.time()
-        outgoing = []
+        outgoing, messages = [], []
         for spec in specs:
             # A past run_at is kept (it orders the job among those due); delay= is
             # relative to this clock, a negative one meaning now.
             run_at = spec.run_at if spec.delay is None else now + max(0.0, spec.delay)
             message = JobMessage.from_spec(spec, run_at, now)
+            messages.append(message)
             outgoing.append(self._outgoing(message, run_at - now))
-        self._publisher.publish(outgoing, "schedule a job")
+        # The log's records first (a start that comes before its enqueue record wins anyway).
+        self._publisher.publish([*self._enqueued(messages, now), *outgoing], "schedule a job")
         return [EnqueueOutcome.CREATED] * len(specs)
-
-    def cancel(self, job_id: str) -> CancelOutcome:
-        raise self._unsupported("cancel a job by id")
-
-    def reschedule(
-        self, job_id: str, run_at: float | None = None, *, delay: float | None = None
-    ) -> RescheduleOutcome:
-        check_when(run_at, delay)
-        raise self._unsupported("reschedule a job by id")
 
     # -- workers -----------------------------------------------------------------
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
@@ -231,13 +237,17 @@ class RabbitMQBackend(CompletesInBatches):
         claims: list[Claim] = []
         # Messages to publish before their deliveries are acked: dead letters, the rest
         # of a long delay, returned deliveries with their return counted, expired leases.
-        burials: list[tuple[Delivery, Outgoing]] = []
+        burials: list[tuple[Delivery | None, Outgoing]] = []
+        ended: list[JobMessage] = []  # buried: the log's finish records
         for held in lapsed:
             if held.delivery.generation != generation:
                 continue  # its connection is gone: the broker has returned it already
             kind, again = expired(held)
+            if kind == "bury":
+                ended.append(again)
             out = self._buried(again) if kind == "bury" else self._outgoing(again, 0.0)
             burials.append((held.delivery, out))
+        starting: list[Starting] = []
         for delivery in self._consumer.take_due(limit, mono):
             verdict = judge(delivery, self._settings.max_returns, wall)
             message = verdict.message
@@ -256,6 +266,8 @@ class RabbitMQBackend(CompletesInBatches):
                 burials.append((delivery, self._outgoing(message, message.more)))
                 continue
             if verdict.kind == "bury":
+                if message is not None:
+                    ended.append(message)
                 burials.append((delivery, self._buried(message, delivery.body, verdict.error)))
                 continue
             assert message is not None
@@ -269,23 +281,43 @@ class RabbitMQBackend(CompletesInBatches):
                 )
             except Exception as exc:
                 dead = replace(message, last_error=undecodable_error(exc))
+                ended.append(dead)
                 burials.append((delivery, self._buried(dead)))
                 continue
-            attempts = verdict.attempts
+            starting.append((delivery, message, verdict.attempts, job))
+        try:
+            won = self._start(starting, wall + lease, wall)
+        except BaseException:
+            for held_back in [d for d, _ in burials if d is not None]:
+                self._consumer.put_back(held_back)  # still held: the next claim tries again
+            # Their start records may be in the log, winning for nobody: returned to the
+            # broker, they come back as returns, whose start wins over such a record.
+            self._consumer.settle([(s[0], True) for s in starting])
+            raise
+        lost: list[Delivery] = []
+        for (delivery, message, attempts, job), sid in zip(starting, won, strict=True):
+            if not sid:
+                lost.append(delivery)  # cancelled, rescheduled, finished, or run elsewhere
+                continue
             token = next(_TOKENS)
             with self._lock:
-                self._held[token] = Held(delivery, message, attempts, mono + lease)
+                self._held[token] = Held(delivery, message, attempts, mono + lease, sid)
             _OWNERS[token] = self
             claims.append(Claim(job, token, wall + lease, wall))
+        if ended:
+            finishes = [[m.id, m.ver, "", "dead", None, m.last_error] for m in ended]
+            burials += [(None, r) for r in self._record("F", f=finishes, at=wall)]
         if burials:
             try:
                 self._publisher.publish([o for _, o in burials], "bury or pass on a job")
             except BaseException:
-                for delivery, _ in burials:  # still held: the next claim tries again
-                    self._consumer.put_back(delivery)
+                for delivery in [d for d, _ in burials if d is not None] + lost:
+                    self._consumer.put_back(delivery)  # still held: the next claim tries again
                 raise
-            self._consumer.settle([(d, False) for d, _ in burials])
-            self._acked([d for d, _ in burials])
+        settled = [d for d, _ in burials if d is not None] + lost
+        if settled:
+            self._consumer.settle([(d, False) for d in settled])
+            self._acked(settled)
         return claims
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
@@ -387,6 +419,8 @@ class RabbitMQBackend(CompletesInBatches):
             finish = self._finish(item, held, now)
             if finish is not None:
                 outgoing.append(finish)
+        ends = [self._ended(items[i], h) for i, h in taken] + [self._ended(i, h) for i, h in lost]
+        outgoing += self._record("F", f=ends, at=now)
         try:
             self._publisher.publish(outgoing, "finish a job")
         except BaseException:
@@ -427,16 +461,45 @@ class RabbitMQBackend(CompletesInBatches):
         owner = self._owner(claim)
         if owner is not self:
             return owner.extend(claim, lease)
+        [answer] = self._extend_own([claim], lease)
+        if isinstance(answer, StaleClaim):
+            raise answer
+        return answer
+
+    def extend_many(
+        self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()
+    ) -> list[Claim | StaleClaim]:
+        """Renew every claim of this handle with one lease record in the log."""
+        lease = check_lease(lease)
+        self._check_open()
+        if any(self._owner(claim) is not self for claim in claims):
+            return extend_one_by_one(self, claims, lease)
+        return self._extend_own(claims, lease)
+
+    def _extend_own(self, claims: Sequence[Claim], lease: float) -> list[Claim | StaleClaim]:
+        """Renew locally and in the log: a claim whose job was cancelled or moved after
+        its lease ran out (a lease record that loses) is stale."""
         generation = self._consumer.generation
+        mono, wall = SYSTEM_CLOCK.monotonic(), self._clock.time()
+        renew: list[tuple[int, Held]] = []
         with self._lock:
-            held = self._held.get(claim.token)
-            if held is None or held.delivery.generation != generation:
-                raise self._stale(claim)
-            held.lease_mono = SYSTEM_CLOCK.monotonic() + lease
-        lease_until = self._clock.time() + lease
-        return replace(
-            claim, job=replace(claim.job, lease_until=lease_until), lease_until=lease_until
-        )
+            for index, claim in enumerate(claims):
+                held = self._held.get(claim.token)
+                if held is not None and held.delivery.generation == generation:
+                    renew.append((index, held))
+        kept: list[bool] = [True] * len(renew)
+        if renew and self._log_on:
+            leases = [[held.message.id, held.sid, wall + lease] for _, held in renew]
+            kept = self._arbiter.append("L", "renew a lease", l=leases, at=wall)
+        answers: list[Claim | StaleClaim] = [self._stale(claim) for claim in claims]
+        with self._lock:
+            for (index, held), ok in zip(renew, kept, strict=True):
+                if ok:
+                    held.lease_mono = mono + lease
+                    claim, until = claims[index], wall + lease
+                    job = replace(claim.job, lease_until=until)
+                    answers[index] = replace(claim, job=job, lease_until=until)
+        return answers
 
     def _next_lease_end(self) -> float | None:
         with self._lock:
@@ -461,9 +524,6 @@ class RabbitMQBackend(CompletesInBatches):
         return self._consumer.health()
 
     # -- inspection and dead letters -------------------------------------------------
-    def get(self, job_id: str) -> Job | None:
-        raise self._unsupported("look a job up by id")
-
     def list_jobs(
         self,
         *,
@@ -495,10 +555,11 @@ class RabbitMQBackend(CompletesInBatches):
         at, after = check_when(run_at, delay)
         self._check_open()
 
-        def again(message: JobMessage) -> Outgoing:
+        def again(message: JobMessage) -> list[Outgoing]:
             now = self._clock.time()
             wait = after if after is not None else (at or now) - now
-            return self._outgoing(replace(message, attempts=0, run_at=now + max(0.0, wait)), wait)
+            fresh = replace(message, attempts=0, run_at=now + max(0.0, wait), ver=new_instance())
+            return [*self._enqueued([fresh], now), self._outgoing(fresh, wait)]
 
         return self._dead.requeue(job_id, again)
 
@@ -511,7 +572,10 @@ class RabbitMQBackend(CompletesInBatches):
         ids = None if job_ids is None else set(job_ids)
         cutoff = None if older_than is None else check_run_at(older_than, "older_than")
         self._check_open()
-        return self._dead.purge(ids, cutoff)
+        purged = self._dead.purge(ids, cutoff)
+        if purged:
+            self._publisher.publish(self._record("P", ids=purged), "purge dead letters")
+        return len(purged)
 
     def close(self) -> None:
         """Stop consuming and close the connections.
@@ -544,5 +608,6 @@ class RabbitMQBackend(CompletesInBatches):
             else:
                 self._consumer.settle([(h.delivery, False) for h in unfinished])
         self._consumer.close()
+        self._arbiter.close()
         self._publisher.close()
         self._dead.close()

@@ -27,8 +27,9 @@ jobs were still in the levels) goes to the ready exchange's alternate exchange
 and its ``orphans`` queue: every dead-lettered message is routable, so the
 at-least-once dead-lettering of a level never stalls on one (it would retry it
 forever and, past its prefetch, move nothing else). Each delayq queue has a
-ready queue (``delayq.v2.ready.<queue>``) and a stream of dead letters
-(``delayq.v2.dead.<queue>``, read by offset, never consumed); the two name
+ready queue (``delayq.v2.ready.<queue>``), a stream of dead letters
+(``delayq.v2.dead.<queue>``, read by offset, never consumed) and a stream, its
+log (``delayq.v2.log.<queue>``, ``_log.py``); the three name
 spaces are disjoint, so no queue name can stand for another queue's dead letters.
 The ready queue dead-letters into that stream what the broker itself drops
 (a TTL or length policy, a delivery limit), so such a drop is a visible dead
@@ -157,6 +158,12 @@ class Topology:
         """The stream of this delayq queue's dead letters (and what requeued or purged them)."""
         return f"{_PREFIX}.dead.{self.queue}"
 
+    @property
+    def log_queue(self) -> str:
+        """The stream of this delayq queue's log: enqueues, starts, finishes, cancels
+        (``_log.py``), the arbiter of every race on a job."""
+        return f"{_PREFIX}.log.{self.queue}"
+
     def level_exchange(self, level: int) -> str:
         return f"{_PREFIX}.{self.queue_type}.x{level}"
 
@@ -200,7 +207,13 @@ class Topology:
 
     def names(self) -> list[str]:
         """Every queue this topology declares (shared ones first)."""
-        return [ORPHANS, *(self.level_queue(k) for k in LEVELS), self.ready_queue, self.dead_queue]
+        return [
+            ORPHANS,
+            *(self.level_queue(k) for k in LEVELS),
+            self.ready_queue,
+            self.dead_queue,
+            self.log_queue,
+        ]
 
     def declare_shared(self, channel: Any) -> None:
         """The exchanges and queues every delayq queue of the virtual host shares."""
@@ -222,8 +235,9 @@ class Topology:
             stars += "*."
 
     def declare_own(self, channel: Any) -> None:
-        """This delayq queue's ready queue (bound to the ready exchange) and dead stream."""
+        """This delayq queue's ready queue (bound to the ready exchange), dead stream and log."""
         channel.queue_declare(self.dead_queue, durable=True, arguments=self.dead_arguments())
+        channel.queue_declare(self.log_queue, durable=True, arguments=self.dead_arguments())
         channel.queue_declare(self.ready_queue, durable=True, arguments=self.ready_arguments())
         channel.queue_bind(self.ready_queue, self.ready_exchange, "*." * len(LEVELS) + self.queue)
 
@@ -234,6 +248,7 @@ class Topology:
         channel.queue_declare(self.level_queue(BASE_LEVEL), passive=True)
         channel.queue_declare(self.ready_queue, passive=True)
         channel.queue_declare(self.dead_queue, passive=True)
+        channel.queue_declare(self.log_queue, passive=True)
 
     def declare(self, channel: Any) -> None:
         """Declare every exchange, queue and binding (idempotent; same arguments everywhere)."""

@@ -149,7 +149,7 @@ def setup(settings: Settings) -> list[str]:
 
 
 def teardown(settings: Settings, *, force: bool = False) -> list[str]:
-    """Delete ``settings.queue``'s ready queue and dead-letter stream; the names deleted.
+    """Delete ``settings.queue``'s ready queue, dead-letter stream and log; the names deleted.
 
     Refuses while the ready queue holds jobs or has consumers (``force`` deletes
     them). Jobs of the queue still in the shared levels go to the orphans queue.
@@ -160,7 +160,7 @@ def teardown(settings: Settings, *, force: bool = False) -> list[str]:
     try:
         with map_errors(settings, "remove the queue"):
             channel = connection.channel()
-            for name in (topology.ready_queue, topology.dead_queue):
+            for name in (topology.ready_queue, topology.dead_queue, topology.log_queue):
                 if _depth(connection, name) is None:
                     continue
                 if name == topology.ready_queue and not force:
