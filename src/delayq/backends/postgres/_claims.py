@@ -77,7 +77,7 @@ class _Store(Protocol):
 
     def _mark(self) -> tuple[int, int] | None: ...
 
-    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> None: ...
+    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> bool: ...
 
 
 @contextmanager
@@ -128,11 +128,11 @@ class PostgresClaims:
             if params["flow_flag"] in self._flow_seen:
                 return PostgresClaims._flow_claim(self, conn, params)
             mark = self._mark()
-            committed = False
+            committed = heard = False
             times: Cursor | None = None
             try:
                 with _pipeline(conn) as pipe:
-                    cur, flagged = PostgresClaims._send_claim(self, conn, params)
+                    cur, flagged = PostgresClaims._send_claim(self, conn, params, mark)
                     if mark is not None:
                         pipe.sync()  # the claim commits: the read below sees its effect
                         committed = True
@@ -142,16 +142,19 @@ class PostgresClaims:
                     raise
                 PostgresClaims._lost_hint(self, exc)  # the claims stand: never raise after a commit
             else:
-                self._set_hint(mark, times)
+                heard = self._set_hint(mark, times)
             claims = PostgresClaims._claims(self, conn, cur.fetchall())
-            if not claims and PostgresClaims._flow_in_use(self, flagged):
+            if not claims and PostgresClaims._flow_in_use(self, flagged, heard):
                 return PostgresClaims._flow_claim(self, conn, params)  # it has just begun
             return claims
 
-    def _flow_in_use(self: _Store, flagged: Cursor | None) -> bool:
+    def _flow_in_use(self: _Store, flagged: Cursor | None, heard: bool) -> bool:
         """Whether the flags read after a plain claim say the queue uses flow
-        control (remembered: the flags are never removed)."""
+        control (remembered: the flags are never removed): its own read of the
+        flags (``flagged``), or the schedule's read after it (``heard``)."""
         found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
+        if heard:
+            found.add(flags(self.queue)["flow_flag"])
         self._flow_seen.update(found)
         return bool(found)
 
@@ -197,10 +200,16 @@ class PostgresClaims:
     ) -> list[StaleClaim | None]:
         with _pipeline(conn):
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(self._sql.complete, self._params(**sent.params()))
+            cur.execute(PostgresClaims._complete_sql(self, sent), self._params(**sent.params()))
         results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
         self._told(conn, at)
         return results
+
+    def _complete_sql(self: _Store, sent: CompletionBatch) -> str:
+        """The completion statement: the one that gives parked jobs back to the
+        due set when a lease of a key ends, else the plain one."""
+        keyed = any(item.claim.job.key is not None for item in sent.items)
+        return self._sql.complete_keyed if keyed else self._sql.complete
 
     def _answers(
         self: _Store, sent: CompletionBatch, rows: list[Row], repeated: bool
@@ -209,7 +218,7 @@ class PostgresClaims:
         retries and releases, and the parked jobs a freed slot gave back)."""
         keys = sent.keys() if repeated else self._unsure_among(sent.keys())
         results, at = sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
-        back = rows[0][7] if rows else None  # the same in every row
+        back = rows[0][7] if rows and len(rows[0]) > 7 else None  # the same in every row
         if back is not None:
             at = back if at is None else min(at, back)
         return results, at
@@ -249,15 +258,19 @@ class PostgresClaims:
             if limit and params["flow_flag"] in self._flow_seen:
                 return PostgresClaims._flow_complete_and_claim(self, conn, sent, params, repeated)
             mark = self._mark() if limit else None
-            committed = False
+            committed = heard = False
             times: Cursor | None = None
             try:
                 with _pipeline(conn) as pipe:
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
-                        done.execute(self._sql.complete, self._params(**sent.params()))
+                        done.execute(
+                            PostgresClaims._complete_sql(self, sent), self._params(**sent.params())
+                        )
                     claimed, flagged = (
-                        PostgresClaims._send_claim(self, conn, params) if limit else (None, None)
+                        PostgresClaims._send_claim(self, conn, params, mark)
+                        if limit
+                        else (None, None)
                     )
                     if mark is not None:
                         pipe.sync()  # commit first: the read below sees its effect
@@ -278,14 +291,18 @@ class PostgresClaims:
                     # one from the pool could wait for this one to be returned.
                     return PostgresClaims._complete_on(self, conn, sent, repeated), []
             else:
-                self._set_hint(mark, times)
+                heard = self._set_hint(mark, times)
             results, at = (
                 PostgresClaims._answers(self, sent, done.fetchall(), repeated)
                 if items
                 else ([], None)
             )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
-            if claimed is not None and not claims and PostgresClaims._flow_in_use(self, flagged):
+            if (
+                claimed is not None
+                and not claims
+                and PostgresClaims._flow_in_use(self, flagged, heard)
+            ):
                 claims = PostgresClaims._flow_claim(self, conn, params)  # it has just begun
             self._told(conn, at)
         return results, claims
@@ -305,7 +322,9 @@ class PostgresClaims:
                 conn.execute(_NO_DISK_WAIT)
                 done = conn.cursor(row_factory=tuple_row)
                 if sent.items:
-                    done.execute(self._sql.complete, self._params(**sent.params()))
+                    done.execute(
+                        PostgresClaims._complete_sql(self, sent), self._params(**sent.params())
+                    )
                     finished = done.fetchall()
                 conn.execute(self._sql.recover, params)
                 rows, throttled = claim_rows(conn, self._flow_sql, params)
@@ -356,17 +375,20 @@ class PostgresClaims:
             max_recover=_MAX_RECOVER,
             req=uuid.uuid4(),
             ns=f"delayq.flow.{self._sql.schema}.{self.queue}:",
-            **flags(self.queue),
         )
 
     def _send_claim(
-        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
-    ) -> tuple[Cursor, Cursor]:
-        """Queue the lease recovery, the plain claim and the read of the queue's flow
-        flags (inside a pipeline); the claim's and the flags' cursors."""
+        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any], mark: object
+    ) -> tuple[Cursor, Cursor | None]:
+        """Queue the lease recovery and the plain claim (inside a pipeline), and,
+        unless the schedule's read after it (``mark``: this handle listens) carries
+        the flow flag, the read of the queue's flow flags; the claim's cursor and
+        the flags' (or None)."""
         conn.execute(self._sql.recover, params)
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(self._sql.claim, params)
+        if mark is not None:
+            return cur, None
         flagged = conn.cursor(row_factory=tuple_row)
         flagged.execute(self._sql.flow_flags, params)
         return cur, flagged

@@ -104,6 +104,7 @@ class Statements:
     purge: str
     purge_dead_letters: str
     complete: str
+    complete_keyed: str
     stale: str
     extend: str
     cancel: str
@@ -268,6 +269,46 @@ class Statements:
                     WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
                       AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
                       AND j.state = 'running'
+                    RETURNING j.id, j.token, j.run_at),
+                u AS (
+                UPDATE {jobs} j SET
+                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
+                                 ELSE v.kind END,
+                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
+                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
+                                    ELSE j.attempts END,
+                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
+                                      -- a release keeps an earlier attempt's error
+                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
+                                      THEN j.last_error
+                                      ELSE v.text END,
+                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
+                                   ELSE j.outcome END,
+                    lease_until = NULL,
+                    updated_at = {NOW}
+                FROM v
+                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                  AND j.state = 'running'
+                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
+                RETURNING j.id, j.token, j.run_at),
+                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone)
+                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
+                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
+                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
+            # The same, for a batch with jobs of a flow key: each lease of a key that
+            # ends frees a slot, and as many of the key's parked jobs go back to the
+            # due set, in claim order; the earliest of them comes back as column 8.
+            complete_keyed=f"""
+                WITH v AS (
+                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
+                                         %(kinds)s::text[], %(run_ats)s::float8[],
+                                         %(texts)s::text[])
+                        AS v(id, token, kind, run_at, text)),
+                gone AS (
+                    DELETE FROM {jobs} j USING v
+                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
+                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                      AND j.state = 'running'
                     RETURNING j.id, j.token, j.run_at, j.flow_key),
                 u AS (
                 UPDATE {jobs} j SET
@@ -291,8 +332,6 @@ class Statements:
                   AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
                 RETURNING j.id, j.token, j.run_at, j.flow_key),
                 done AS (SELECT * FROM u UNION ALL SELECT * FROM gone),
-                -- each lease of a key that ended frees a slot: as many of the key's
-                -- parked jobs go back to the due set, in claim order (none without keys)
                 freed AS (SELECT flow_key, count(*) AS n FROM done
                           WHERE flow_key IS NOT NULL GROUP BY flow_key),
                 back AS (
@@ -373,13 +412,15 @@ class Statements:
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
                   AND run_at < {PARKED_AT}
                 ORDER BY run_at, seq LIMIT 1""",
-            # What a waiter sleeps toward: the head, the next lease end, and "now".
+            # What a waiter sleeps toward: the head, the next lease end, and "now"; and
+            # whether the queue uses flow control (a claim's read after it tells).
             wake_times=f"""
                 SELECT (SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
                         AND run_at < {PARKED_AT} ORDER BY run_at, seq LIMIT 1),
                        (SELECT lease_until FROM {jobs} WHERE queue = %(q)s
                         AND state = 'running' ORDER BY lease_until LIMIT 1),
-                       {NOW}""",
+                       {NOW},
+                       EXISTS (SELECT 1 FROM {meta} WHERE key = %(flow_flag)s)""",
             # The counts kept by the triggers on jobs (schema.py), less the finished
             # records past result_ttl that the purge has not deleted yet (a range
             # of jobs_finished: small while the purge keeps up).
