@@ -15,7 +15,7 @@ import delayq.backends.postgres._schema as pg_schema_module
 from delayq.backends.base import Completion
 from delayq.backends.postgres import PostgresBackend
 from delayq.flow import Limit
-from delayq.job import JobSpec
+from delayq.job import JobSpec, JobState
 from tests.postgres_support import POSTGRES_URL, admin, app_name, pg_schema
 
 pytestmark = [pytest.mark.postgres]
@@ -67,6 +67,20 @@ def test_a_queue_with_a_keyed_job_takes_the_flow_claim_in_every_handle(
         assert [c.job.id for c in backend.claim(limit=5, lease=LEASE)] == ["b"]
     finally:
         other.close()
+
+
+def test_a_parked_job_is_listed_with_its_due_time_but_is_not_the_head(
+    backend: PostgresBackend,
+) -> None:
+    now = server_now(backend)
+    backend.put_limit(Limit("k", concurrency=1), version=0)
+    backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+    [running] = backend.claim(limit=5, lease=LEASE)
+    assert running.job.id == "a"
+    [parked] = backend.list_jobs(state=JobState.SCHEDULED)
+    assert (parked.id, parked.run_at, parked.throttled_until) == ("b", now - 1, None)
+    assert backend.next_due() is None  # waiting for a slot, not for a time
+    assert backend.stats().due == 0
 
 
 _PARAMS: dict[str, Any] = {

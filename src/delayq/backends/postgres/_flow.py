@@ -3,7 +3,7 @@
 A job's flow fields are columns of ``jobs`` (migration 6). A job held back keeps
 its due time in ``flow_run_at`` while ``run_at`` says when a claim may look at it
 again: its next allowed time (over its key's rate: ``throttled_until``) or
-``'Infinity'`` (its key is at its concurrency limit: ``parked``). The limit
+``1e300`` (its key is at its concurrency limit: ``parked``). The limit
 records are rows of ``limits``; each key's rate state (theoretical arrival time)
 a row of ``flow_keys``; each group's claims so far, for the groups' turns, a row
 of ``flow_groups``.

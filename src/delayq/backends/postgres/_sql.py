@@ -36,9 +36,10 @@ COLUMNS = (
 
 _TTL = "('succeeded', 'cancelled', 'skipped')"
 
-PARKED_AT = "'Infinity'::float8"
+PARKED_AT = "1e300::float8"
 """``run_at`` of a parked job (its key is at its concurrency limit): past every
-real time, so the due-order reads never reach it (its due time is ``flow_run_at``)."""
+real time, so the head and due reads never reach it (its due time is
+``flow_run_at``), yet below the open end of a listing's window (as on SQLite)."""
 
 FLOW_JOB = "(priority <> 0 OR flow_key IS NOT NULL OR flow_group IS NOT NULL)"
 """A job that uses flow control: the predicate of the partial index ``jobs_flow_due``."""
