@@ -83,6 +83,18 @@ def test_a_parked_job_is_listed_with_its_due_time_but_is_not_the_head(
     assert backend.stats().due == 0
 
 
+def test_complete_and_claim_frees_a_slot_and_takes_the_parked_job_in_one_call(
+    backend: PostgresBackend,
+) -> None:
+    now = server_now(backend)
+    backend.put_limit(Limit("k", concurrency=1), version=0)
+    backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+    [first] = backend.claim(limit=5, lease=LEASE)
+    assert backend.claim(limit=5, lease=LEASE) == []  # b is parked
+    done, claims = backend.complete_and_claim([Completion.ack(first)], limit=5, lease=LEASE)
+    assert done == [None] and [c.job.id for c in claims] == ["b"]
+
+
 _PARAMS: dict[str, Any] = {
     "q": "default",
     "at": 1e12,

@@ -163,7 +163,7 @@ class PostgresClaims:
     ) -> list[Claim]:
         """The claim of a queue that uses flow control (``_flow.claim_rows``): one
         transaction with the lease recovery."""
-        with conn.transaction():
+        with conn.pipeline(), conn.transaction():  # a round trip per read it needs
             conn.execute(_NO_DISK_WAIT)
             conn.execute(self._sql.recover, params)
             rows, throttled = claim_rows(conn, self._flow_sql, params)
@@ -318,14 +318,13 @@ class PostgresClaims:
         and the flow claim in one transaction (the claim sees the slots they freed).
         If the claim part fails, the batch is completed on its own."""
         try:
-            with conn.transaction():
+            with conn.pipeline(), conn.transaction():
                 conn.execute(_NO_DISK_WAIT)
                 done = conn.cursor(row_factory=tuple_row)
                 if sent.items:
                     done.execute(
                         PostgresClaims._complete_sql(self, sent), self._params(**sent.params())
                     )
-                    finished = done.fetchall()
                 conn.execute(self._sql.recover, params)
                 rows, throttled = claim_rows(conn, self._flow_sql, params)
         except psycopg.OperationalError:
@@ -335,7 +334,9 @@ class PostgresClaims:
             return PostgresClaims._complete_on(self, conn, sent, repeated), []
         self._set_hint(None, None)
         results, at = (
-            PostgresClaims._answers(self, sent, finished, repeated) if sent.items else ([], None)
+            PostgresClaims._answers(self, sent, done.fetchall(), repeated)
+            if sent.items
+            else ([], None)
         )
         claims = PostgresClaims._claims(self, conn, rows, ordered=True)
         self._told(
