@@ -33,7 +33,6 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.postgres._batch import CompletionBatch
-from delayq.backends.postgres._flow import claim_rows, flags
 from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
@@ -44,7 +43,7 @@ from delayq.job import Claim, JobState
 __all__ = ["PostgresClaims"]
 
 _MAX_RECOVER = 1000  # expired leases returned per claim call at most
-_NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
+NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 log = logging.getLogger("delayq.postgres")
 
@@ -79,12 +78,27 @@ class _Store(Protocol):
 
     def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> bool: ...
 
+    # flow control (_flow.PostgresFlowClaims)
+    def _flow_in_use(self, flagged: Cursor | None, heard: bool) -> bool: ...
+
+    def _flow_claim(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[Claim]: ...
+
+    def _flow_complete_and_claim(
+        self,
+        conn: psycopg.Connection[Any],
+        sent: CompletionBatch,
+        params: dict[str, Any],
+        repeated: bool,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]: ...
+
+    def _complete_sql(self, sent: CompletionBatch) -> str: ...
+
 
 @contextmanager
 def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
     """One implicit transaction, one round trip, committed without waiting for the disk."""
     with conn.pipeline() as pipe:
-        conn.execute(_NO_DISK_WAIT)
+        conn.execute(NO_DISK_WAIT)
         yield pipe
 
 
@@ -126,7 +140,7 @@ class PostgresClaims:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             if params["flow_flag"] in self._flow_seen:
-                return PostgresClaims._flow_claim(self, conn, params)
+                return self._flow_claim(conn, params)
             mark = self._mark()
             committed = heard = False
             times: Cursor | None = None
@@ -144,32 +158,9 @@ class PostgresClaims:
             else:
                 heard = self._set_hint(mark, times)
             claims = PostgresClaims._claims(self, conn, cur.fetchall())
-            if not claims and PostgresClaims._flow_in_use(self, flagged, heard):
-                return PostgresClaims._flow_claim(self, conn, params)  # it has just begun
+            if not claims and self._flow_in_use(flagged, heard):
+                return self._flow_claim(conn, params)  # it has just begun
             return claims
-
-    def _flow_in_use(self: _Store, flagged: Cursor | None, heard: bool) -> bool:
-        """Whether the flags read after a plain claim say the queue uses flow
-        control (remembered: the flags are never removed): its own read of the
-        flags (``flagged``), or the schedule's read after it (``heard``)."""
-        found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
-        if heard:
-            found.add(flags(self.queue)["flow_flag"])
-        self._flow_seen.update(found)
-        return bool(found)
-
-    def _flow_claim(
-        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
-    ) -> list[Claim]:
-        """The claim of a queue that uses flow control (``_flow.claim_rows``): one
-        transaction with the lease recovery."""
-        with conn.pipeline(), conn.transaction():  # a round trip per read it needs
-            conn.execute(_NO_DISK_WAIT)
-            conn.execute(self._sql.recover, params)
-            rows, throttled = claim_rows(conn, self._flow_sql, params)
-        self._set_hint(None, None)  # the next wait reads the schedule itself
-        self._told(conn, throttled)
-        return PostgresClaims._claims(self, conn, rows, ordered=True)
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` with one statement (one transaction);
@@ -200,16 +191,10 @@ class PostgresClaims:
     ) -> list[StaleClaim | None]:
         with _pipeline(conn):
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(PostgresClaims._complete_sql(self, sent), self._params(**sent.params()))
+            cur.execute(self._complete_sql(sent), self._params(**sent.params()))
         results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
         self._told(conn, at)
         return results
-
-    def _complete_sql(self: _Store, sent: CompletionBatch) -> str:
-        """The completion statement: the one that gives parked jobs back to the
-        due set when a lease of a key ends, else the plain one."""
-        keyed = any(item.claim.job.key is not None for item in sent.items)
-        return self._sql.complete_keyed if keyed else self._sql.complete
 
     def _answers(
         self: _Store, sent: CompletionBatch, rows: list[Row], repeated: bool
@@ -256,7 +241,7 @@ class PostgresClaims:
         with self._conn("completing and claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             if limit and params["flow_flag"] in self._flow_seen:
-                return PostgresClaims._flow_complete_and_claim(self, conn, sent, params, repeated)
+                return self._flow_complete_and_claim(conn, sent, params, repeated)
             mark = self._mark() if limit else None
             committed = heard = False
             times: Cursor | None = None
@@ -264,9 +249,7 @@ class PostgresClaims:
                 with _pipeline(conn) as pipe:
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
-                        done.execute(
-                            PostgresClaims._complete_sql(self, sent), self._params(**sent.params())
-                        )
+                        done.execute(self._complete_sql(sent), self._params(**sent.params()))
                     claimed, flagged = (
                         PostgresClaims._send_claim(self, conn, params, mark)
                         if limit
@@ -298,50 +281,9 @@ class PostgresClaims:
                 else ([], None)
             )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
-            if (
-                claimed is not None
-                and not claims
-                and PostgresClaims._flow_in_use(self, flagged, heard)
-            ):
-                claims = PostgresClaims._flow_claim(self, conn, params)  # it has just begun
+            if claimed is not None and not claims and self._flow_in_use(flagged, heard):
+                claims = self._flow_claim(conn, params)  # it has just begun
             self._told(conn, at)
-        return results, claims
-
-    def _flow_complete_and_claim(
-        self: _Store,
-        conn: psycopg.Connection[Any],
-        sent: CompletionBatch,
-        params: dict[str, Any],
-        repeated: bool,
-    ) -> tuple[list[StaleClaim | None], list[Claim]]:
-        """``complete_and_claim`` in a queue that uses flow control: the completions
-        and the flow claim in one transaction (the claim sees the slots they freed).
-        If the claim part fails, the batch is completed on its own."""
-        try:
-            with conn.pipeline(), conn.transaction():
-                conn.execute(_NO_DISK_WAIT)
-                done = conn.cursor(row_factory=tuple_row)
-                if sent.items:
-                    done.execute(
-                        PostgresClaims._complete_sql(self, sent), self._params(**sent.params())
-                    )
-                conn.execute(self._sql.recover, params)
-                rows, throttled = claim_rows(conn, self._flow_sql, params)
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as exc:
-            log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-            return PostgresClaims._complete_on(self, conn, sent, repeated), []
-        self._set_hint(None, None)
-        results, at = (
-            PostgresClaims._answers(self, sent, done.fetchall(), repeated)
-            if sent.items
-            else ([], None)
-        )
-        claims = PostgresClaims._claims(self, conn, rows, ordered=True)
-        self._told(
-            conn, at if throttled is None or (at is not None and at < throttled) else throttled
-        )
         return results, claims
 
     def extend(self: _Store, claim: Claim, lease: float) -> Claim:

@@ -15,7 +15,7 @@ when it is set, and a handle that saw it claims here from then on. A queue that
 never uses flow control keeps the plain claim: one index probe more, nothing
 else (none of its rows is in the flow indexes).
 
-The claim is one transaction (:func:`claim_rows`): expired leases returned;
+The claim is one transaction (:func:`._flow_claim.claim_rows`): expired leases returned;
 parked jobs whose key has room again given back (as many as the room); then
 rounds of due candidates in claim order (priority, the groups' turns, due
 order). Before deciding on a key's jobs the claim takes the key's
@@ -32,23 +32,31 @@ the wake-up after its commit tells the waiters.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from delayq.backends._limits import check_limit_args, check_pattern, check_version
+from delayq.backends.postgres._batch import CompletionBatch
+from delayq.backends.postgres._claims import NO_DISK_WAIT
+from delayq.backends.postgres._flow_claim import claim_rows
 from delayq.backends.postgres._flow_sql import FlowStatements, limit_of
-from delayq.flow import Admissions, Limit, LimitRecord, group_turns
+from delayq.backends.postgres._sql import Statements
+from delayq.errors import StaleClaim
+from delayq.flow import Limit, LimitRecord
+from delayq.job import Claim
 
-__all__ = ["PostgresLimits", "claim_rows", "flags", "uses_flow"]
+log = logging.getLogger("delayq.postgres")
 
-_ROUNDS = 8  # candidate reads per claim while held-back jobs keep taking their place
+__all__ = ["PostgresFlowClaims", "PostgresLimits", "flags", "uses_flow"]
 
 Row = tuple[Any, ...]
+Cursor = psycopg.Cursor[Row]
 
 
 def flags(queue: str) -> dict[str, str]:
@@ -60,166 +68,6 @@ def uses_flow(specs: Sequence[Any]) -> tuple[bool, bool]:
     """(a spec of ``specs`` uses flow control, one has a group)."""
     groups = any(s.group is not None for s in specs)
     return groups or any(s.key is not None or s.priority for s in specs), groups
-
-
-class _Candidate(NamedTuple):
-    id: str
-    key: str | None
-    group: str
-    priority: int
-    run_at: float
-    seq: int
-
-
-class _Claim:
-    """One flow claim's state across its rounds (inside its transaction, in pipeline
-    mode: a statement whose rows are not needed yet travels with the next read)."""
-
-    def __init__(
-        self, conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
-    ) -> None:
-        self.conn = conn
-        self.sql = sql
-        self.params = params
-        now, limits, parked = self.send(sql.now), self.send(sql.limits), self.send(sql.parked_keys)
-        first = now.fetchone()  # one round trip for the three
-        assert first is not None
-        self.at: float = float(first[0])
-        self.groups = bool(first[1])
-        self.params["at"] = self.at
-        self.limits = [limit_of(data) for (data,) in limits.fetchall()]
-        self.parked = [(str(k), int(n)) for k, n in parked.fetchall()]
-        self.admissions = Admissions(self.limits)
-        self.locked: set[str] = set()  # keys whose lock this transaction holds
-        self.busy: set[str] = set()  # keys another claimer holds: left for a later claim
-        self.served: dict[str, int] = {}
-        self.throttled: float | None = None  # the earliest next allowed time given
-
-    def send(self, sql: str, **more: Any) -> psycopg.Cursor[Row]:
-        """Queue ``sql``; its cursor (fetching its rows sends what is queued)."""
-        cur = self.conn.cursor(row_factory=tuple_row)
-        cur.execute(sql, {**self.params, **more})
-        return cur
-
-    def unpark(self) -> None:
-        """Parked jobs whose key has room again (a lease expired, a limit changed)
-        back to the due set, as many as the room (read before any key lock: the
-        jobs only become candidates; the decision is made under the lock)."""
-        if not self.parked:
-            return
-        unlocked = Admissions(self.limits, running=dict(self.parked))
-        back = [(k, unlocked.room(k)) for k, _n in self.parked]
-        back = [(k, room) for k, room in back if room is None or room > 0]
-        if back:
-            self.send(self.sql.unpark, keys=[k for k, _ in back], rooms=[r for _, r in back])
-
-    def candidates(self, n: int) -> list[_Candidate]:
-        if not self.groups:
-            return [_Candidate(*row) for row in self.send(self.sql.candidates, n=n).fetchall()]
-        rows = self.send(self.sql.group_candidates, n=n).fetchall()
-        names = sorted({row[2] for row in rows})
-        stored: dict[str, int] = (
-            dict(self.send(self.sql.served, groups=names).fetchall()) if names else {}
-        )
-        turn = group_turns({g: int(stored.get(g, 0)) + self.served.get(g, 0) for g in names})
-        rows.sort(key=lambda r: (-r[3], turn[r[2]] + r[6], r[4], r[5]))
-        return [_Candidate(*row[:6]) for row in rows]
-
-    def lock(self, rows: list[_Candidate], *, wait: bool) -> list[_Candidate]:
-        """Take the locks of the limited keys among ``rows`` not held yet and read
-        their state (with ``wait`` False a key another claimer holds is skipped),
-        then lock the rows (``SKIP LOCKED``); the rows locked, in order."""
-        admissions = self.admissions
-        need = sorted(
-            {r.key for r in rows if r.key is not None and admissions.limit_of(r.key) is not None}
-            - self.locked
-            - self.busy
-        )
-        state = None
-        if need and wait:
-            self.send(self.sql.lock_keys, keys=need)
-            self.locked.update(need)
-            state = self.send(self.sql.key_state, keys=need)
-        elif need:
-            got = [k for (k,) in self.send(self.sql.try_lock_keys, keys=need).fetchall()]
-            self.busy.update(set(need) - set(got))
-            self.locked.update(got)
-            state = self.send(self.sql.key_state, keys=got) if got else None
-        rows = [r for r in rows if r.key not in self.busy]
-        locked = self.send(self.sql.lock_rows, ids=[r.id for r in rows])
-        if state is not None:
-            for key, running, tat, promised in state.fetchall():
-                admissions.seed(key, int(running), (tat, promised))
-        ids = {i for (i,) in locked.fetchall()}
-        return [r for r in rows if r.id in ids]
-
-    def decide(self, rows: list[_Candidate], want: int, taken: list[str]) -> bool:
-        """Take (into ``taken``) or hold back each of ``rows`` in order, up to
-        ``want`` taken; True when some were held back (another round may help)."""
-        admissions, at = self.admissions, self.at
-        held: list[tuple[str, float | None]] = []
-        for row in rows:
-            if len(taken) >= want:
-                break
-            if row.key is not None:
-                ok, until = admissions.decide(row.key, at)
-                if not ok:
-                    held.append((row.id, until))
-                    if until is not None and (self.throttled is None or until < self.throttled):
-                        self.throttled = until
-                    continue
-                admissions.start(row.key, at)
-            taken.append(row.id)
-            self.served[row.group] = self.served.get(row.group, 0) + 1
-        if held:
-            self.send(self.sql.hold, ids=[i for i, _ in held], ats=[a for _, a in held])
-        return bool(held)
-
-    def save(self) -> None:
-        """Queue the writes of the rate states and the groups' turns."""
-        rates = self.admissions.rate_rows()
-        if rates:
-            self.send(
-                self.sql.save_rates,
-                keys=[r[0] for r in rates],
-                tats=[r[1] for r in rates],
-                promised=[r[2] for r in rates],
-            )
-        if self.groups and self.served:
-            served = sorted(self.served.items())
-            self.send(
-                self.sql.save_served, groups=[g for g, _ in served], counts=[n for _, n in served]
-            )
-
-
-def claim_rows(
-    conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
-) -> tuple[list[Row], float | None]:
-    """Lease up to ``params["limit"]`` due jobs with the limits applied (inside the
-    caller's transaction and pipeline, after the lease recovery); the rows in claim
-    order and the earliest next allowed time given to a throttled job (to wake
-    waiters)."""
-    claim = _Claim(conn, sql, dict(params))
-    claim.unpark()
-    want = int(params["limit"])
-    taken: list[str] = []
-    for round_ in range(_ROUNDS):
-        left = want - len(taken)
-        if left <= 0:
-            break
-        chosen = set(taken)
-        rows = [r for r in claim.candidates(left * 2 + 4 + len(taken)) if r.id not in chosen]
-        if not rows:
-            break
-        if not claim.decide(claim.lock(rows, wait=round_ == 0), want, taken):
-            break
-    claim.save()
-    if not taken:
-        return [], claim.throttled
-    order = {job_id: i for i, job_id in enumerate(taken)}
-    leased = claim.send(sql.lease, ids=taken).fetchall()
-    leased.sort(key=lambda r: order[r[0]])
-    return leased, claim.throttled
 
 
 class PostgresLimits:
@@ -315,3 +163,98 @@ class PostgresLimits:
             },
         )
         return bool(rows)
+
+
+class _Host(Protocol):
+    """What :class:`PostgresFlowClaims` uses of the store (and of ``PostgresClaims``)."""
+
+    queue: str
+    _sql: Statements
+    _flow_sql: FlowStatements
+    _flow_seen: set[str]
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> bool: ...
+
+    def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
+
+    def _claims(
+        self, conn: psycopg.Connection[Any], rows: list[Row], *, ordered: bool = False
+    ) -> list[Claim]: ...
+
+    def _answers(
+        self, sent: CompletionBatch, rows: list[Row], repeated: bool
+    ) -> tuple[list[StaleClaim | None], float | None]: ...
+
+    def _complete_on(
+        self, conn: psycopg.Connection[Any], sent: CompletionBatch, repeated: bool
+    ) -> list[StaleClaim | None]: ...
+
+    def _complete_sql(self, sent: CompletionBatch) -> str: ...
+
+
+class PostgresFlowClaims:
+    """Mixin for :class:`~delayq.backends.postgres.PostgresBackend`: the claim paths of
+    a queue that uses flow control, taken by ``PostgresClaims`` (see the module
+    docstring)."""
+
+    def _flow_in_use(self: _Host, flagged: Cursor | None, heard: bool) -> bool:
+        """Whether the flags read after a plain claim say the queue uses flow
+        control (remembered: the flags are never removed): its own read of the
+        flags (``flagged``), or the schedule's read after it (``heard``)."""
+        found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
+        if heard:
+            found.add(flags(self.queue)["flow_flag"])
+        self._flow_seen.update(found)
+        return bool(found)
+
+    def _flow_claim(
+        self: _Host, conn: psycopg.Connection[Any], params: dict[str, Any]
+    ) -> list[Claim]:
+        """The claim of a queue that uses flow control (``_flow_claim.claim_rows``): one
+        transaction with the lease recovery."""
+        with conn.pipeline(), conn.transaction():  # a round trip per read it needs
+            conn.execute(NO_DISK_WAIT)
+            conn.execute(self._sql.recover, params)
+            rows, throttled = claim_rows(conn, self._flow_sql, params)
+        self._set_hint(None, None)  # the next wait reads the schedule itself
+        self._told(conn, throttled)
+        return self._claims(conn, rows, ordered=True)
+
+    def _complete_sql(self: _Host, sent: CompletionBatch) -> str:
+        """The completion statement: the one that gives parked jobs back to the
+        due set when a lease of a key ends, else the plain one."""
+        keyed = any(item.claim.job.key is not None for item in sent.items)
+        return self._sql.complete_keyed if keyed else self._sql.complete
+
+    def _flow_complete_and_claim(
+        self: _Host,
+        conn: psycopg.Connection[Any],
+        sent: CompletionBatch,
+        params: dict[str, Any],
+        repeated: bool,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete_and_claim`` in a queue that uses flow control: the completions
+        and the flow claim in one transaction (the claim sees the slots they freed).
+        If the claim part fails, the batch is completed on its own."""
+        try:
+            with conn.pipeline(), conn.transaction():
+                conn.execute(NO_DISK_WAIT)
+                done = conn.cursor(row_factory=tuple_row)
+                if sent.items:
+                    done.execute(self._complete_sql(sent), self._params(**sent.params()))
+                conn.execute(self._sql.recover, params)
+                rows, throttled = claim_rows(conn, self._flow_sql, params)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            log.warning("delayq: claim after complete failed (%s); completing alone", exc)
+            return self._complete_on(conn, sent, repeated), []
+        self._set_hint(None, None)
+        results, at = self._answers(sent, done.fetchall(), repeated) if sent.items else ([], None)
+        claims = self._claims(conn, rows, ordered=True)
+        self._told(
+            conn, at if throttled is None or (at is not None and at < throttled) else throttled
+        )
+        return results, claims

@@ -253,102 +253,8 @@ class Statements:
                     WHERE queue = %(q)s AND state = 'dead'
                       AND updated_at <= {NOW} - %(dead_ttl)s::float8
                     LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
-            # A batch of completions; kind is succeeded / skipped (ack), dead (bury),
-            # retry or release. Applied only where the fencing token is current.
-            # Every entry comes back: (id, token, due time, kind, applied, state and
-            # token of the row as this statement found it), so a stale entry needs no
-            # second read after the commit. With result_ttl 0 a finished job is
-            # deleted instead of kept.
-            complete=f"""
-                WITH v AS (
-                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
-                                         %(kinds)s::text[], %(run_ats)s::float8[],
-                                         %(texts)s::text[])
-                        AS v(id, token, kind, run_at, text)),
-                gone AS (
-                    DELETE FROM {jobs} j USING v
-                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
-                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                      AND j.state = 'running'
-                    RETURNING j.id, j.token, j.run_at),
-                u AS (
-                UPDATE {jobs} j SET
-                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
-                                 ELSE v.kind END,
-                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
-                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
-                                    ELSE j.attempts END,
-                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
-                                      -- a release keeps an earlier attempt's error
-                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
-                                      THEN j.last_error
-                                      ELSE v.text END,
-                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
-                                   ELSE j.outcome END,
-                    lease_until = NULL,
-                    updated_at = {NOW}
-                FROM v
-                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                  AND j.state = 'running'
-                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
-                RETURNING j.id, j.token, j.run_at),
-                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone)
-                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
-                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
-                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
-            # The same, for a batch with jobs of a flow key: each lease of a key that
-            # ends frees a slot, and as many of the key's parked jobs go back to the
-            # due set, in claim order; the earliest of them comes back as column 8.
-            complete_keyed=f"""
-                WITH v AS (
-                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
-                                         %(kinds)s::text[], %(run_ats)s::float8[],
-                                         %(texts)s::text[])
-                        AS v(id, token, kind, run_at, text)),
-                gone AS (
-                    DELETE FROM {jobs} j USING v
-                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
-                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                      AND j.state = 'running'
-                    RETURNING j.id, j.token, j.run_at, j.flow_key),
-                u AS (
-                UPDATE {jobs} j SET
-                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
-                                 ELSE v.kind END,
-                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
-                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
-                                    ELSE j.attempts END,
-                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
-                                      -- a release keeps an earlier attempt's error
-                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
-                                      THEN j.last_error
-                                      ELSE v.text END,
-                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
-                                   ELSE j.outcome END,
-                    lease_until = NULL,
-                    updated_at = {NOW}
-                FROM v
-                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                  AND j.state = 'running'
-                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
-                RETURNING j.id, j.token, j.run_at, j.flow_key),
-                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone),
-                freed AS (SELECT flow_key, count(*) AS n FROM done
-                          WHERE flow_key IS NOT NULL GROUP BY flow_key),
-                back AS (
-                    UPDATE {jobs} p SET run_at = p.flow_run_at, flow_run_at = NULL,
-                        parked = false
-                    FROM (SELECT w.id FROM freed CROSS JOIN LATERAL (
-                              SELECT id FROM {jobs}
-                              WHERE queue = %(q)s AND parked AND flow_key = freed.flow_key
-                              ORDER BY priority DESC, flow_run_at, seq LIMIT freed.n
-                              FOR UPDATE SKIP LOCKED) w) b
-                    WHERE p.queue = %(q)s AND p.id = b.id
-                    RETURNING p.run_at)
-                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token,
-                       (SELECT min(run_at) FROM back)
-                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
-                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
+            complete=_complete(jobs, keyed=False),
+            complete_keyed=_complete(jobs, keyed=True),
             stale=f"SELECT id, state, token FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)",
             extend=f"""
                 UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
@@ -489,3 +395,71 @@ class Statements:
                     RETURNING 1)
                 SELECT count(*) FROM gone""",
         )
+
+
+def _complete(jobs: str, *, keyed: bool) -> str:
+    """A batch of completions; kind is succeeded / skipped (ack), dead (bury), retry
+    or release. Applied only where the fencing token is current. Every entry comes
+    back: (id, token, due time, kind, applied, state and token of the row as this
+    statement found it), so a stale entry needs no second read after the commit.
+    With result_ttl 0 a finished job is deleted instead of kept.
+
+    ``keyed`` (a batch with jobs of a flow key): each lease of a key that ends frees
+    a slot, and as many of the key's parked jobs go back to the due set, in claim
+    order; the earliest of their due times comes back as an eighth column."""
+    returning = "j.id, j.token, j.run_at" + (", j.flow_key" if keyed else "")
+    freed = (
+        f""",
+                freed AS (SELECT flow_key, count(*) AS n FROM done
+                          WHERE flow_key IS NOT NULL GROUP BY flow_key),
+                back AS (
+                    UPDATE {jobs} p SET run_at = p.flow_run_at, flow_run_at = NULL,
+                        parked = false
+                    FROM (SELECT w.id FROM freed CROSS JOIN LATERAL (
+                              SELECT id FROM {jobs}
+                              WHERE queue = %(q)s AND parked AND flow_key = freed.flow_key
+                              ORDER BY priority DESC, flow_run_at, seq LIMIT freed.n
+                              FOR UPDATE SKIP LOCKED) w) b
+                    WHERE p.queue = %(q)s AND p.id = b.id
+                    RETURNING p.run_at)"""
+        if keyed
+        else ""
+    )
+    return f"""
+                WITH v AS (
+                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
+                                         %(kinds)s::text[], %(run_ats)s::float8[],
+                                         %(texts)s::text[])
+                        AS v(id, token, kind, run_at, text)),
+                gone AS (
+                    DELETE FROM {jobs} j USING v
+                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
+                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                      AND j.state = 'running'
+                    RETURNING {returning}),
+                u AS (
+                UPDATE {jobs} j SET
+                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
+                                 ELSE v.kind END,
+                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
+                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
+                                    ELSE j.attempts END,
+                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
+                                      -- a release keeps an earlier attempt's error
+                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
+                                      THEN j.last_error
+                                      ELSE v.text END,
+                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
+                                   ELSE j.outcome END,
+                    lease_until = NULL,
+                    updated_at = {NOW}
+                FROM v
+                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                  AND j.state = 'running'
+                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
+                RETURNING {returning}),
+                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone){freed}
+                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
+                       {", (SELECT min(run_at) FROM back)" if keyed else ""}
+                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
+                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id"""

@@ -45,7 +45,7 @@ from delayq.backends.postgres._connection import (
     split_url,
 )
 from delayq.backends.postgres._enqueue import PostgresEnqueue
-from delayq.backends.postgres._flow import PostgresLimits, flags
+from delayq.backends.postgres._flow import PostgresFlowClaims, PostgresLimits, flags
 from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import PostgresInspection
 from delayq.backends.postgres._schedules import PostgresSchedules
@@ -87,6 +87,7 @@ log = logging.getLogger("delayq.postgres")
 class PostgresBackend(
     PostgresEnqueue,
     PostgresClaims,
+    PostgresFlowClaims,
     PostgresSchedules,
     PostgresLimits,
     CompletesInBatches,
