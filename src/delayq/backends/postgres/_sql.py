@@ -225,8 +225,8 @@ class Statements:
                 WHERE j.queue = %(q)s AND j.id = due.id
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
-                          j.last_error, j.outcome, j.lease_until, j.token, j.seq,
-                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked""",
+                          j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+            # (no flow columns: with the flag unset, no job of the queue has flow fields)
             # Whether the queue uses flow control, read after the claim (its flags in
             # meta are never removed: the claim above saw them unless this sees them).
             flow_flags=f"SELECT key FROM {meta} WHERE key IN (%(flow_flag)s, %(groups_flag)s)",
