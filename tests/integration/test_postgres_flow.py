@@ -69,6 +69,25 @@ def test_a_queue_with_a_keyed_job_takes_the_flow_claim_in_every_handle(
         other.close()
 
 
+def test_a_handle_whose_plain_claims_came_back_full_notices_the_flag_one_claim_later(
+    backend: PostgresBackend,
+) -> None:
+    other = PostgresBackend(
+        POSTGRES_URL, schema=backend.schema, application_name=app_name(backend.schema)
+    )
+    try:
+        now = server_now(backend)
+        backend.enqueue([spec(f"p{i}", now - 9) for i in range(3)])
+        assert len(other.claim(limit=1, lease=LEASE)) == 1  # full: it stops reading the flags
+        backend.put_limit(Limit("k", concurrency=1), version=0)
+        backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+        assert other.claim(limit=1, lease=LEASE) == []  # the flag holds the plain claim back
+        claimed = [c.job.id for c in other.claim(limit=5, lease=LEASE)]
+        assert claimed == ["p1", "p2", "a"]  # the flow claim: b waits for a's slot
+    finally:
+        other.close()
+
+
 def test_a_parked_job_is_listed_with_its_due_time_but_is_not_the_head(
     backend: PostgresBackend,
 ) -> None:

@@ -56,6 +56,7 @@ class _Store(Protocol):
     _sql: Statements
     _flow_sql: FlowStatements
     _flow_seen: set[str]
+    _plain_full: bool
     _clock: Clock
     _dead_ttl: float | None
     _result_ttl: float
@@ -158,6 +159,7 @@ class PostgresClaims:
             else:
                 heard = self._set_hint(mark, times)
             claims = PostgresClaims._claims(self, conn, cur.fetchall())
+            self._plain_full = len(claims) >= params["limit"]
             if not claims and self._flow_in_use(flagged, heard):
                 return self._flow_claim(conn, params)  # it has just begun
             return claims
@@ -281,6 +283,8 @@ class PostgresClaims:
                 else ([], None)
             )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
+            if claimed is not None:
+                self._plain_full = len(claims) >= limit
             if claimed is not None and not claims and self._flow_in_use(flagged, heard):
                 claims = self._flow_claim(conn, params)  # it has just begun
             self._told(conn, at)
@@ -323,14 +327,17 @@ class PostgresClaims:
     def _send_claim(
         self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any], mark: object
     ) -> tuple[Cursor, Cursor | None]:
-        """Queue the lease recovery and the plain claim (inside a pipeline), and,
-        unless the schedule's read after it (``mark``: this handle listens) carries
-        the flow flag, the read of the queue's flow flags; the claim's cursor and
-        the flags' (or None)."""
+        """Queue the lease recovery and the plain claim (inside a pipeline), and the
+        read of the queue's flow flags; the claim's cursor and the flags' (or None).
+
+        The flags matter only when the claim comes back short (the flag stops it
+        claiming anything), so they are not read while this handle's plain claims
+        come back full (a drain), nor when the schedule's read after the claim
+        (``mark``: this handle listens) carries the flag."""
         conn.execute(self._sql.recover, params)
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(self._sql.claim, params)
-        if mark is not None:
+        if mark is not None or self._plain_full:
             return cur, None
         flagged = conn.cursor(row_factory=tuple_row)
         flagged.execute(self._sql.flow_flags, params)

@@ -128,7 +128,9 @@ class PostgresBackend(
       fraction of a second of commits, a client crash still loses nothing).
 
     Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge``,
-    ``_purge_size`` and ``_unsure``.
+    ``_purge_size`` and ``_unsure``. ``_flow_seen`` (only grows) and
+    ``_plain_full`` are hints written without it: a stale read costs at most one
+    claim that comes back empty.
     The pool and the listener are thread-safe; no query runs under ``_lock``.
     """
 
@@ -190,6 +192,7 @@ class PostgresBackend(
         self._flow_sql = FlowStatements.build(schema)
         self._flow_seen: set[str] = set()  # this queue's flow flags known committed (_flow)
         self._flags = flags(queue)
+        self._plain_full = False  # this handle's last plain claim came back full (_claims)
         self._channel = channel_name(schema, queue)
         self._timeout = check_seconds(connect_timeout, "connect_timeout")
         lock_timeout = check_seconds(given.pick("lock_timeout", lock_timeout), "lock_timeout")
@@ -542,9 +545,11 @@ class PostgresBackend(
                         return
             else:
                 try:
-                    head, lease_end, now, _flow = self._read(
+                    head, lease_end, now, flow = self._read(
                         "reading the next due time", self._sql.wake_times, self._params()
                     )[0]
+                    if flow:  # the next claim takes the flow path
+                        self._flow_seen.add(self._flags["flow_flag"])
                 except BackendUnavailable as exc:
                     log.debug("wait_for_due: %s; pausing", exc)
                     head = lease_end = None
