@@ -217,10 +217,10 @@ class PostgresFlowClaims:
         with conn.pipeline(), conn.transaction():  # a round trip per read it needs
             conn.execute(NO_DISK_WAIT)
             conn.execute(self._sql.recover, params)
-            rows, throttled = claim_rows(conn, self._flow_sql, params)
+            leased = claim_rows(conn, self._flow_sql, params)
         self._set_hint(None, None)  # the next wait reads the schedule itself
-        self._told(conn, throttled)
-        return self._claims(conn, rows, ordered=True)
+        self._told(conn, leased.throttled)
+        return self._claims(conn, leased.rows(), ordered=True)
 
     def _complete_sql(self: _Host, sent: CompletionBatch) -> str:
         """The completion statement: the one that gives parked jobs back to the
@@ -245,7 +245,7 @@ class PostgresFlowClaims:
                 if sent.items:
                     done.execute(self._complete_sql(sent), self._params(**sent.params()))
                 conn.execute(self._sql.recover, params)
-                rows, throttled = claim_rows(conn, self._flow_sql, params)
+                leased = claim_rows(conn, self._flow_sql, params)
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
@@ -253,7 +253,8 @@ class PostgresFlowClaims:
             return self._complete_on(conn, sent, repeated), []
         self._set_hint(None, None)
         results, at = self._answers(sent, done.fetchall(), repeated) if sent.items else ([], None)
-        claims = self._claims(conn, rows, ordered=True)
+        claims = self._claims(conn, leased.rows(), ordered=True)
+        throttled = leased.throttled
         self._told(
             conn, at if throttled is None or (at is not None and at < throttled) else throttled
         )

@@ -11,7 +11,7 @@ from psycopg.rows import tuple_row
 from delayq.backends.postgres._flow_sql import FlowStatements, limit_of
 from delayq.flow import Admissions, group_turns
 
-__all__ = ["claim_rows"]
+__all__ = ["Leased", "claim_rows"]
 
 _ROUNDS = 8  # candidate reads per claim while held-back jobs keep taking their place
 
@@ -148,13 +148,28 @@ class _Claim:
             )
 
 
+class Leased(NamedTuple):
+    """What a flow claim leased: the lease statement's cursor (its rows arrive with
+    the commit's round trip) and the ids in claim order; and the earliest next
+    allowed time given to a throttled job (to wake waiters)."""
+
+    cursor: psycopg.Cursor[Row] | None
+    ids: list[str]
+    throttled: float | None
+
+    def rows(self) -> list[Row]:
+        """The leased rows in claim order (after the pipeline synced)."""
+        if self.cursor is None:
+            return []
+        order = {job_id: i for i, job_id in enumerate(self.ids)}
+        return sorted(self.cursor.fetchall(), key=lambda r: order[r[0]])
+
+
 def claim_rows(
     conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
-) -> tuple[list[Row], float | None]:
+) -> Leased:
     """Lease up to ``params["limit"]`` due jobs with the limits applied (inside the
-    caller's transaction and pipeline, after the lease recovery); the rows in claim
-    order and the earliest next allowed time given to a throttled job (to wake
-    waiters)."""
+    caller's transaction and pipeline, after the lease recovery)."""
     claim = _Claim(conn, sql, dict(params))
     claim.unpark()
     want = int(params["limit"])
@@ -171,8 +186,5 @@ def claim_rows(
             break
     claim.save()
     if not taken:
-        return [], claim.throttled
-    order = {job_id: i for i, job_id in enumerate(taken)}
-    leased = claim.send(sql.lease, ids=taken).fetchall()
-    leased.sort(key=lambda r: order[r[0]])
-    return leased, claim.throttled
+        return Leased(None, [], claim.throttled)
+    return Leased(claim.send(sql.lease, ids=taken), taken, claim.throttled)
