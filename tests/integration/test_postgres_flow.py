@@ -116,7 +116,7 @@ def test_complete_and_claim_frees_a_slot_and_takes_the_parked_job_in_one_call(
 
 _PARAMS: dict[str, Any] = {
     "q": "default",
-    "at": 1e12,
+    "now": 1e12,
     "n": 10,
     "keys": ["k1"],
     "rooms": [1],
@@ -128,7 +128,8 @@ _PARAMS: dict[str, Any] = {
 
 
 @pytest.mark.parametrize(
-    "name", ["parked_keys", "unpark", "candidates", "key_state", "lock_rows", "hold"]
+    "name",
+    ["parked_keys", "unpark", "candidates", "group_candidates", "key_state", "lock_rows", "hold"],
 )
 def test_the_flow_claim_searches_an_index(backend: PostgresBackend, name: str) -> None:
     now = server_now(backend)

@@ -193,6 +193,8 @@ class _Host(Protocol):
 
     def _complete_sql(self, sent: CompletionBatch) -> str: ...
 
+    def _flow_groups(self, seen: bool = False) -> bool: ...
+
 
 class PostgresFlowClaims:
     """Mixin for :class:`~delayq.backends.postgres.PostgresBackend`: the claim paths of
@@ -217,10 +219,19 @@ class PostgresFlowClaims:
         with conn.pipeline(), conn.transaction():  # a round trip per read it needs
             conn.execute(NO_DISK_WAIT)
             conn.execute(self._sql.recover, params)
-            leased = claim_rows(conn, self._flow_sql, params)
+            leased = claim_rows(conn, self._flow_sql, params, groups=self._flow_groups())
+        self._flow_groups(leased.groups)
         self._set_hint(None, None)  # the next wait reads the schedule itself
         self._told(conn, leased.throttled)
         return self._claims(conn, leased.rows(), ordered=True)
+
+    def _flow_groups(self: _Host, seen: bool = False) -> bool:
+        """Whether this handle knows the queue's jobs have groups (``seen``: a claim
+        just read the flag set)."""
+        flag = flags(self.queue)["groups_flag"]
+        if seen:
+            self._flow_seen.add(flag)
+        return flag in self._flow_seen
 
     def _complete_sql(self: _Host, sent: CompletionBatch) -> str:
         """The completion statement: the one that gives parked jobs back to the
@@ -245,7 +256,7 @@ class PostgresFlowClaims:
                 if sent.items:
                     done.execute(self._complete_sql(sent), self._params(**sent.params()))
                 conn.execute(self._sql.recover, params)
-                leased = claim_rows(conn, self._flow_sql, params)
+                leased = claim_rows(conn, self._flow_sql, params, groups=self._flow_groups())
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:
@@ -253,6 +264,7 @@ class PostgresFlowClaims:
             return self._complete_on(conn, sent, repeated), []
         self._set_hint(None, None)
         results, at = self._answers(sent, done.fetchall(), repeated) if sent.items else ([], None)
+        self._flow_groups(leased.groups)
         claims = self._claims(conn, leased.rows(), ordered=True)
         throttled = leased.throttled
         self._told(

@@ -32,23 +32,31 @@ class _Claim:
     mode: a statement whose rows are not needed yet travels with the next read)."""
 
     def __init__(
-        self, conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
+        self,
+        conn: psycopg.Connection[Any],
+        sql: FlowStatements,
+        params: dict[str, Any],
+        *,
+        groups: bool,
+        n: int,
     ) -> None:
         self.conn = conn
         self.sql = sql
         self.params = params
+        self.groups = groups
+        self.served: dict[str, int] = {}
         now, limits, parked = self.send(sql.now), self.send(sql.limits), self.send(sql.parked_keys)
-        first = now.fetchone()  # one round trip for the three
-        assert first is not None
-        self.at: float = float(first[0])
-        self.groups = bool(first[1])
-        self.params["at"] = self.at
+        first_candidates = self.send_candidates(n)
+        row = now.fetchone()  # one round trip for the four
+        assert row is not None
+        self.at: float = float(row[0])
+        self.groups_seen = bool(row[1])
         self.limits = [limit_of(data) for (data,) in limits.fetchall()]
         self.parked = [(str(k), int(n)) for k, n in parked.fetchall()]
+        self.first: list[_Candidate] | None = self.candidates(first_candidates)
         self.admissions = Admissions(self.limits)
         self.locked: set[str] = set()  # keys whose lock this transaction holds
         self.busy: set[str] = set()  # keys another claimer holds: left for a later claim
-        self.served: dict[str, int] = {}
         self.throttled: float | None = None  # the earliest next allowed time given
 
     def send(self, sql: str, **more: Any) -> psycopg.Cursor[Row]:
@@ -68,16 +76,19 @@ class _Claim:
         back = [(k, room) for k, room in back if room is None or room > 0]
         if back:
             self.send(self.sql.unpark, keys=[k for k, _ in back], rooms=[r for _, r in back])
+            self.first = None  # read before they came back: read again
 
-    def candidates(self, n: int) -> list[_Candidate]:
+    def send_candidates(self, n: int) -> psycopg.Cursor[Row]:
+        """Queue the read of ``n`` due candidates (per group, with groups)."""
+        return self.send(self.sql.group_candidates if self.groups else self.sql.candidates, n=n)
+
+    def candidates(self, cur: psycopg.Cursor[Row]) -> list[_Candidate]:
+        """The candidates ``cur`` read, in claim order."""
+        rows = cur.fetchall()
         if not self.groups:
-            return [_Candidate(*row) for row in self.send(self.sql.candidates, n=n).fetchall()]
-        rows = self.send(self.sql.group_candidates, n=n).fetchall()
-        names = sorted({row[2] for row in rows})
-        stored: dict[str, int] = (
-            dict(self.send(self.sql.served, groups=names).fetchall()) if names else {}
-        )
-        turn = group_turns({g: int(stored.get(g, 0)) + self.served.get(g, 0) for g in names})
+            return [_Candidate(*row) for row in rows]
+        stored = {row[2]: int(row[7]) for row in rows}
+        turn = group_turns({g: n + self.served.get(g, 0) for g, n in stored.items()})
         rows.sort(key=lambda r: (-r[3], turn[r[2]] + r[6], r[4], r[5]))
         return [_Candidate(*row[:6]) for row in rows]
 
@@ -156,6 +167,7 @@ class Leased(NamedTuple):
     cursor: psycopg.Cursor[Row] | None
     ids: list[str]
     throttled: float | None
+    groups: bool  # the queue's jobs have groups (its flag, read by this claim)
 
     def rows(self) -> list[Row]:
         """The leased rows in claim order (after the pipeline synced)."""
@@ -166,25 +178,31 @@ class Leased(NamedTuple):
 
 
 def claim_rows(
-    conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
+    conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any], *, groups: bool
 ) -> Leased:
     """Lease up to ``params["limit"]`` due jobs with the limits applied (inside the
-    caller's transaction and pipeline, after the lease recovery)."""
-    claim = _Claim(conn, sql, dict(params))
-    claim.unpark()
+    caller's transaction and pipeline, after the lease recovery). ``groups``: take
+    the groups' turns (the queue's groups flag as the caller last knew it; this
+    claim reads it again, for the next one)."""
     want = int(params["limit"])
+    claim = _Claim(conn, sql, dict(params), groups=groups, n=want * 2 + 4)
+    claim.unpark()
     taken: list[str] = []
     for round_ in range(_ROUNDS):
         left = want - len(taken)
         if left <= 0:
             break
         chosen = set(taken)
-        rows = [r for r in claim.candidates(left * 2 + 4 + len(taken)) if r.id not in chosen]
+        if round_ == 0 and claim.first is not None:
+            found = claim.first
+        else:
+            found = claim.candidates(claim.send_candidates(left * 2 + 4 + len(taken)))
+        rows = [r for r in found if r.id not in chosen]
         if not rows:
             break
         if not claim.decide(claim.lock(rows, wait=round_ == 0), want, taken):
             break
     claim.save()
     if not taken:
-        return Leased(None, [], claim.throttled)
-    return Leased(claim.send(sql.lease, ids=taken), taken, claim.throttled)
+        return Leased(None, [], claim.throttled, claim.groups_seen)
+    return Leased(claim.send(sql.lease, ids=taken), taken, claim.throttled, claim.groups_seen)
