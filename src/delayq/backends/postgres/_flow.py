@@ -11,12 +11,17 @@ of ``flow_groups``.
 A queue takes this path once it uses flow control: the first job with a key,
 priority or group, or the first limit, writes the queue's flags into ``meta``
 (never removed). The plain claim statement checks the flag and claims nothing
-when it is set, and a handle that saw it claims here from then on. A queue that
-never uses flow control keeps the plain claim: one index probe more, nothing
-else (none of its rows is in the flow indexes).
+when it is set, and a handle that saw it claims here from then on (it learns
+the flag from the schedule read after a claim, or from a read of the flags
+after a plain claim that came back short). A queue that never uses flow control
+keeps the plain claim: one index probe more, nothing else (none of its rows is
+in the flow indexes).
 
-The claim is one transaction (:func:`._flow_claim.claim_rows`): expired leases returned;
-parked jobs whose key has room again given back (as many as the room); then
+The claim is one transaction in pipeline mode (:func:`._flow_claim.claim_rows`;
+about three round trips: the limits, parked keys and first candidates; the
+locks and key states; the writes, the lease and the commit): expired leases
+returned; parked jobs whose key has room again given back (as many as the room:
+a lease that expired, a limit raised); then
 rounds of due candidates in claim order (priority, the groups' turns, due
 order). Before deciding on a key's jobs the claim takes the key's
 transaction-level advisory lock, so concurrent claimers of one key take turns
