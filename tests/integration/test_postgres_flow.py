@@ -15,7 +15,7 @@ import delayq.backends.postgres._schema as pg_schema_module
 from delayq.backends.base import Completion
 from delayq.backends.postgres import PostgresBackend
 from delayq.flow import Limit
-from delayq.job import JobSpec
+from delayq.job import JobSpec, JobState
 from tests.postgres_support import POSTGRES_URL, admin, app_name, pg_schema
 
 pytestmark = [pytest.mark.postgres]
@@ -69,9 +69,54 @@ def test_a_queue_with_a_keyed_job_takes_the_flow_claim_in_every_handle(
         other.close()
 
 
+def test_a_handle_whose_plain_claims_came_back_full_notices_the_flag_one_claim_later(
+    backend: PostgresBackend,
+) -> None:
+    other = PostgresBackend(
+        POSTGRES_URL, schema=backend.schema, application_name=app_name(backend.schema)
+    )
+    try:
+        now = server_now(backend)
+        backend.enqueue([spec(f"p{i}", now - 9) for i in range(3)])
+        assert len(other.claim(limit=1, lease=LEASE)) == 1  # full: it stops reading the flags
+        backend.put_limit(Limit("k", concurrency=1), version=0)
+        backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+        assert other.claim(limit=1, lease=LEASE) == []  # the flag holds the plain claim back
+        claimed = [c.job.id for c in other.claim(limit=5, lease=LEASE)]
+        assert claimed == ["p1", "p2", "a"]  # the flow claim: b waits for a's slot
+    finally:
+        other.close()
+
+
+def test_a_parked_job_is_listed_with_its_due_time_but_is_not_the_head(
+    backend: PostgresBackend,
+) -> None:
+    now = server_now(backend)
+    backend.put_limit(Limit("k", concurrency=1), version=0)
+    backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+    [running] = backend.claim(limit=5, lease=LEASE)
+    assert running.job.id == "a"
+    [parked] = backend.list_jobs(state=JobState.SCHEDULED)
+    assert (parked.id, parked.run_at, parked.throttled_until) == ("b", now - 1, None)
+    assert backend.next_due() is None  # waiting for a slot, not for a time
+    assert backend.stats().due == 0
+
+
+def test_complete_and_claim_frees_a_slot_and_takes_the_parked_job_in_one_call(
+    backend: PostgresBackend,
+) -> None:
+    now = server_now(backend)
+    backend.put_limit(Limit("k", concurrency=1), version=0)
+    backend.enqueue([spec("a", now - 2, "k"), spec("b", now - 1, "k")])
+    [first] = backend.claim(limit=5, lease=LEASE)
+    assert backend.claim(limit=5, lease=LEASE) == []  # b is parked
+    done, claims = backend.complete_and_claim([Completion.ack(first)], limit=5, lease=LEASE)
+    assert done == [None] and [c.job.id for c in claims] == ["b"]
+
+
 _PARAMS: dict[str, Any] = {
     "q": "default",
-    "at": 1e12,
+    "now": 1e12,
     "n": 10,
     "keys": ["k1"],
     "rooms": [1],
@@ -83,7 +128,8 @@ _PARAMS: dict[str, Any] = {
 
 
 @pytest.mark.parametrize(
-    "name", ["parked_keys", "unpark", "candidates", "key_state", "lock_rows", "hold"]
+    "name",
+    ["parked_keys", "unpark", "candidates", "group_candidates", "key_state", "lock_rows", "hold"],
 )
 def test_the_flow_claim_searches_an_index(backend: PostgresBackend, name: str) -> None:
     now = server_now(backend)

@@ -231,6 +231,7 @@ _PARAMS: dict[str, Any] = {
         "purge",
         "purge_dead_letters",
         "complete",
+        "complete_keyed",
         "extend",
         "cancel",
         "reschedule",

@@ -13,7 +13,7 @@ from delayq.app import DelayQ
 from delayq.backends.memory import MemoryBackend
 from delayq.cli import cli
 from delayq.errors import InvalidOption, Unsupported
-from delayq.flow import Limit, Rate, admit_rate, pick_limit
+from delayq.flow import Admissions, Limit, Rate, admit_rate, group_turns, pick_limit
 from delayq.testing import FakeClock
 
 
@@ -178,6 +178,26 @@ def test_the_cell_rate_algorithm_never_starts_more_than_count_plus_burst_per_per
         in_window = [s for s in starts[i:] if s < start + 1.0]
         assert len(in_window) <= 10 + burst
     assert len(starts) >= 5 * 10  # the steady rate is kept
+
+
+def test_admissions_hold_a_key_at_its_concurrency_and_spread_throttled_jobs() -> None:
+    limits = [Limit("c", concurrency=2), Limit("r", rate=Rate.parse("1/s"))]
+    step = Admissions(limits, running={"c": 1})
+    assert step.decide("free", 10.0) == (True, None)  # no limit applies
+    assert step.room("c") == 1 and step.decide("c", 10.0) == (True, None)
+    step.start("c", 10.0)
+    assert step.room("c") == 0 and step.decide("c", 10.0) == (False, None)
+    assert step.decide("r", 10.0) == (True, None)
+    step.start("r", 10.0)
+    # over the rate: the next allowed moment, then the one after it for the next job
+    assert step.decide("r", 10.0) == (False, 11.0)
+    assert step.decide("r", 10.0) == (False, 12.0)
+    assert step.rate_rows() == [("r", 11.0, 13.0)]
+
+
+def test_group_turns_let_a_returning_group_in_just_behind_the_others() -> None:
+    assert group_turns({}) == {}
+    assert group_turns({"a": 100, "b": 3, "c": 99}) == {"a": 100, "b": 99, "c": 99}
 
 
 def test_the_cli_sets_lists_and_removes_limits(tmp_path: Path) -> None:

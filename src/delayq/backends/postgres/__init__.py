@@ -14,6 +14,10 @@ Design
   fencing token from a sequence: concurrent workers never wait on each other
   and never hold one job under two live leases. Expired leases are returned
   (or buried) by the statement before it, in the same call.
+* **Flow control.** Per-key concurrency and rate limits, priorities and fair
+  shares (:mod:`._flow`) are decided inside the claim's transaction, with each
+  limited key's advisory lock held while its leases and rate state are read and
+  written; a queue that never uses them keeps the one-statement claim.
 * **One clock.** "Due" is decided by the server's ``statement_timestamp()``, so
   a worker or producer with a skewed clock never runs a job early. ``clock=``
   (tests) and ``claim(now=...)`` replace it.

@@ -33,7 +33,6 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.postgres._batch import CompletionBatch
-from delayq.backends.postgres._flow import claim_rows, flags
 from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
@@ -44,7 +43,7 @@ from delayq.job import Claim, JobState
 __all__ = ["PostgresClaims"]
 
 _MAX_RECOVER = 1000  # expired leases returned per claim call at most
-_NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
+NO_DISK_WAIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 log = logging.getLogger("delayq.postgres")
 
@@ -57,6 +56,7 @@ class _Store(Protocol):
     _sql: Statements
     _flow_sql: FlowStatements
     _flow_seen: set[str]
+    _plain_full: bool
     _clock: Clock
     _dead_ttl: float | None
     _result_ttl: float
@@ -77,7 +77,22 @@ class _Store(Protocol):
 
     def _mark(self) -> tuple[int, int] | None: ...
 
-    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> None: ...
+    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> bool: ...
+
+    # flow control (_flow.PostgresFlowClaims)
+    def _flow_in_use(self, flagged: Cursor | None, heard: bool) -> bool: ...
+
+    def _flow_claim(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> list[Claim]: ...
+
+    def _flow_complete_and_claim(
+        self,
+        conn: psycopg.Connection[Any],
+        sent: CompletionBatch,
+        params: dict[str, Any],
+        repeated: bool,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]: ...
+
+    def _complete_sql(self, sent: CompletionBatch) -> str: ...
 
     def _sweep_keys(self, cur: psycopg.Cursor[Any], params: dict[str, Any]) -> None: ...
 
@@ -86,7 +101,7 @@ class _Store(Protocol):
 def _pipeline(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Pipeline]:
     """One implicit transaction, one round trip, committed without waiting for the disk."""
     with conn.pipeline() as pipe:
-        conn.execute(_NO_DISK_WAIT)
+        conn.execute(NO_DISK_WAIT)
         yield pipe
 
 
@@ -128,13 +143,13 @@ class PostgresClaims:
         with self._conn("claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             if params["flow_flag"] in self._flow_seen:
-                return PostgresClaims._flow_claim(self, conn, params)
+                return self._flow_claim(conn, params)
             mark = self._mark()
-            committed = False
+            committed = heard = False
             times: Cursor | None = None
             try:
                 with _pipeline(conn) as pipe:
-                    cur, flagged = PostgresClaims._send_claim(self, conn, params)
+                    cur, flagged = PostgresClaims._send_claim(self, conn, params, mark)
                     if mark is not None:
                         pipe.sync()  # the claim commits: the read below sees its effect
                         committed = True
@@ -144,31 +159,12 @@ class PostgresClaims:
                     raise
                 PostgresClaims._lost_hint(self, exc)  # the claims stand: never raise after a commit
             else:
-                self._set_hint(mark, times)
+                heard = self._set_hint(mark, times)
             claims = PostgresClaims._claims(self, conn, cur.fetchall())
-            if not claims and PostgresClaims._flow_in_use(self, flagged):
-                return PostgresClaims._flow_claim(self, conn, params)  # it has just begun
+            self._plain_full = len(claims) >= params["limit"]
+            if not claims and self._flow_in_use(flagged, heard):
+                return self._flow_claim(conn, params)  # it has just begun
             return claims
-
-    def _flow_in_use(self: _Store, flagged: Cursor | None) -> bool:
-        """Whether the flags read after a plain claim say the queue uses flow
-        control (remembered: the flags are never removed)."""
-        found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
-        self._flow_seen.update(found)
-        return bool(found)
-
-    def _flow_claim(
-        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
-    ) -> list[Claim]:
-        """The claim of a queue that uses flow control (``_flow.claim_rows``): one
-        transaction with the lease recovery."""
-        with conn.transaction():
-            conn.execute(_NO_DISK_WAIT)
-            conn.execute(self._sql.recover, params)
-            rows, throttled = claim_rows(conn, self._flow_sql, params)
-        self._set_hint(None, None)  # the next wait reads the schedule itself
-        self._told(conn, throttled)
-        return PostgresClaims._claims(self, conn, rows, ordered=True)
 
     def complete(self: _Store, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` with one statement (one transaction);
@@ -199,7 +195,7 @@ class PostgresClaims:
     ) -> list[StaleClaim | None]:
         with _pipeline(conn):
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(self._sql.complete, self._params(**sent.params()))
+            cur.execute(self._complete_sql(sent), self._params(**sent.params()))
         results, at = PostgresClaims._answers(self, sent, cur.fetchall(), repeated)
         self._told(conn, at)
         return results
@@ -211,7 +207,7 @@ class PostgresClaims:
         retries and releases, and the parked jobs a freed slot gave back)."""
         keys = sent.keys() if repeated else self._unsure_among(sent.keys())
         results, at = sent.results(rows, repeated=keys, deletes_finished=self._result_ttl == 0)
-        back = rows[0][7] if rows else None  # the same in every row
+        back = rows[0][7] if rows and len(rows[0]) > 7 else None  # the same in every row
         if back is not None:
             at = back if at is None else min(at, back)
         return results, at
@@ -249,17 +245,19 @@ class PostgresClaims:
         with self._conn("completing and claiming") as conn:
             PostgresClaims._purge(self, conn, params)
             if limit and params["flow_flag"] in self._flow_seen:
-                return PostgresClaims._flow_complete_and_claim(self, conn, sent, params, repeated)
+                return self._flow_complete_and_claim(conn, sent, params, repeated)
             mark = self._mark() if limit else None
-            committed = False
+            committed = heard = False
             times: Cursor | None = None
             try:
                 with _pipeline(conn) as pipe:
                     done = conn.cursor(row_factory=tuple_row)
                     if items:
-                        done.execute(self._sql.complete, self._params(**sent.params()))
+                        done.execute(self._complete_sql(sent), self._params(**sent.params()))
                     claimed, flagged = (
-                        PostgresClaims._send_claim(self, conn, params) if limit else (None, None)
+                        PostgresClaims._send_claim(self, conn, params, mark)
+                        if limit
+                        else (None, None)
                     )
                     if mark is not None:
                         pipe.sync()  # commit first: the read below sees its effect
@@ -280,50 +278,18 @@ class PostgresClaims:
                     # one from the pool could wait for this one to be returned.
                     return PostgresClaims._complete_on(self, conn, sent, repeated), []
             else:
-                self._set_hint(mark, times)
+                heard = self._set_hint(mark, times)
             results, at = (
                 PostgresClaims._answers(self, sent, done.fetchall(), repeated)
                 if items
                 else ([], None)
             )
             claims = PostgresClaims._claims(self, conn, claimed.fetchall()) if claimed else []
-            if claimed is not None and not claims and PostgresClaims._flow_in_use(self, flagged):
-                claims = PostgresClaims._flow_claim(self, conn, params)  # it has just begun
+            if claimed is not None:
+                self._plain_full = len(claims) >= limit
+            if claimed is not None and not claims and self._flow_in_use(flagged, heard):
+                claims = self._flow_claim(conn, params)  # it has just begun
             self._told(conn, at)
-        return results, claims
-
-    def _flow_complete_and_claim(
-        self: _Store,
-        conn: psycopg.Connection[Any],
-        sent: CompletionBatch,
-        params: dict[str, Any],
-        repeated: bool,
-    ) -> tuple[list[StaleClaim | None], list[Claim]]:
-        """``complete_and_claim`` in a queue that uses flow control: the completions
-        and the flow claim in one transaction (the claim sees the slots they freed).
-        If the claim part fails, the batch is completed on its own."""
-        try:
-            with conn.transaction():
-                conn.execute(_NO_DISK_WAIT)
-                done = conn.cursor(row_factory=tuple_row)
-                if sent.items:
-                    done.execute(self._sql.complete, self._params(**sent.params()))
-                    finished = done.fetchall()
-                conn.execute(self._sql.recover, params)
-                rows, throttled = claim_rows(conn, self._flow_sql, params)
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as exc:
-            log.warning("delayq: claim after complete failed (%s); completing alone", exc)
-            return PostgresClaims._complete_on(self, conn, sent, repeated), []
-        self._set_hint(None, None)
-        results, at = (
-            PostgresClaims._answers(self, sent, finished, repeated) if sent.items else ([], None)
-        )
-        claims = PostgresClaims._claims(self, conn, rows, ordered=True)
-        self._told(
-            conn, at if throttled is None or (at is not None and at < throttled) else throttled
-        )
         return results, claims
 
     def extend(self: _Store, claim: Claim, lease: float) -> Claim:
@@ -358,17 +324,23 @@ class PostgresClaims:
             max_recover=_MAX_RECOVER,
             req=uuid.uuid4(),
             ns=f"delayq.flow.{self._sql.schema}.{self.queue}:",
-            **flags(self.queue),
         )
 
     def _send_claim(
-        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any]
-    ) -> tuple[Cursor, Cursor]:
-        """Queue the lease recovery, the plain claim and the read of the queue's flow
-        flags (inside a pipeline); the claim's and the flags' cursors."""
+        self: _Store, conn: psycopg.Connection[Any], params: dict[str, Any], mark: object
+    ) -> tuple[Cursor, Cursor | None]:
+        """Queue the lease recovery and the plain claim (inside a pipeline), and the
+        read of the queue's flow flags; the claim's cursor and the flags' (or None).
+
+        The flags matter only when the claim comes back short (the flag stops it
+        claiming anything), so they are not read while this handle's plain claims
+        come back full (a drain), nor when the schedule's read after the claim
+        (``mark``: this handle listens) carries the flag."""
         conn.execute(self._sql.recover, params)
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(self._sql.claim, params)
+        if mark is not None or self._plain_full:
+            return cur, None
         flagged = conn.cursor(row_factory=tuple_row)
         flagged.execute(self._sql.flow_flags, params)
         return cur, flagged

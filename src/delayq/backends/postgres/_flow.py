@@ -3,7 +3,7 @@
 A job's flow fields are columns of ``jobs`` (migration 6). A job held back keeps
 its due time in ``flow_run_at`` while ``run_at`` says when a claim may look at it
 again: its next allowed time (over its key's rate: ``throttled_until``) or
-``'Infinity'`` (its key is at its concurrency limit: ``parked``). The limit
+``1e300`` (its key is at its concurrency limit: ``parked``). The limit
 records are rows of ``limits``; each key's rate state (theoretical arrival time)
 a row of ``flow_keys``; each group's claims so far, for the groups' turns, a row
 of ``flow_groups``.
@@ -11,12 +11,17 @@ of ``flow_groups``.
 A queue takes this path once it uses flow control: the first job with a key,
 priority or group, or the first limit, writes the queue's flags into ``meta``
 (never removed). The plain claim statement checks the flag and claims nothing
-when it is set, and a handle that saw it claims here from then on. A queue that
-never uses flow control keeps the plain claim: one index probe more, nothing
-else (none of its rows is in the flow indexes).
+when it is set, and a handle that saw it claims here from then on (it learns
+the flag from the schedule read after a claim, or from a read of the flags
+after a plain claim that came back short). A queue that never uses flow control
+keeps the plain claim: one index probe more, nothing else (none of its rows is
+in the flow indexes).
 
-The claim is one transaction (:func:`claim_rows`): expired leases returned;
-parked jobs whose key has room again given back (as many as the room); then
+The claim is one transaction in pipeline mode (:func:`._flow_claim.claim_rows`;
+about three round trips: the limits, parked keys and first candidates; the
+locks and key states; the writes, the lease and the commit): expired leases
+returned; parked jobs whose key has room again given back (as many as the room:
+a lease that expired, a limit raised); then
 rounds of due candidates in claim order (priority, the groups' turns, due
 order). Before deciding on a key's jobs the claim takes the key's
 transaction-level advisory lock, so concurrent claimers of one key take turns
@@ -32,23 +37,31 @@ the wake-up after its commit tells the waiters.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg.rows import tuple_row
 
 from delayq.backends._limits import check_limit_args, check_pattern, check_version
+from delayq.backends.postgres._batch import CompletionBatch
+from delayq.backends.postgres._claims import NO_DISK_WAIT
+from delayq.backends.postgres._flow_claim import claim_rows
 from delayq.backends.postgres._flow_sql import FlowStatements, limit_of
-from delayq.flow import Admissions, Limit, LimitRecord, group_turns
+from delayq.backends.postgres._sql import Statements
+from delayq.errors import StaleClaim
+from delayq.flow import Limit, LimitRecord
+from delayq.job import Claim
 
-__all__ = ["PostgresLimits", "claim_rows", "flags", "uses_flow"]
+log = logging.getLogger("delayq.postgres")
 
-_ROUNDS = 8  # candidate reads per claim while held-back jobs keep taking their place
+__all__ = ["PostgresFlowClaims", "PostgresLimits", "flags", "uses_flow"]
 
 Row = tuple[Any, ...]
+Cursor = psycopg.Cursor[Row]
 
 
 def flags(queue: str) -> dict[str, str]:
@@ -60,165 +73,6 @@ def uses_flow(specs: Sequence[Any]) -> tuple[bool, bool]:
     """(a spec of ``specs`` uses flow control, one has a group)."""
     groups = any(s.group is not None for s in specs)
     return groups or any(s.key is not None or s.priority for s in specs), groups
-
-
-class _Candidate(NamedTuple):
-    id: str
-    key: str | None
-    group: str
-    priority: int
-    run_at: float
-    seq: int
-
-
-class _Claim:
-    """One flow claim's state across its rounds (inside its transaction)."""
-
-    def __init__(self, cur: psycopg.Cursor[Row], sql: FlowStatements, params: dict[str, Any]):
-        self.cur = cur
-        self.sql = sql
-        self.params = params
-        self.at: float = params["at"]
-        self.limits = [limit_of(data) for (data,) in cur.execute(sql.limits, params).fetchall()]
-        self.admissions = Admissions(self.limits)
-        self.locked: set[str] = set()  # keys whose lock this transaction holds
-        self.busy: set[str] = set()  # keys another claimer holds: left for a later claim
-        self.served: dict[str, int] = {}
-        self.throttled: float | None = None  # the earliest next allowed time given
-
-    def run(self, sql: str, **more: Any) -> list[Row]:
-        return self.cur.execute(sql, {**self.params, **more}).fetchall()
-
-    def unpark(self) -> None:
-        """Parked jobs whose key has room again (a lease expired, a limit changed)
-        back to the due set, as many as the room."""
-        rows = self.run(self.sql.parked_keys)
-        if not rows:
-            return
-        unlocked = Admissions(self.limits, running={k: int(n) for k, n in rows})
-        back = [(k, unlocked.room(k)) for k, _n in rows]
-        back = [(k, room) for k, room in back if room is None or room > 0]
-        if back:
-            self.cur.execute(
-                self.sql.unpark,
-                {**self.params, "keys": [k for k, _ in back], "rooms": [r for _, r in back]},
-            )
-
-    def candidates(self, n: int, *, groups: bool) -> list[_Candidate]:
-        if not groups:
-            return [_Candidate(*row) for row in self.run(self.sql.candidates, n=n)]
-        rows = self.run(self.sql.group_candidates, n=n)
-        names = sorted({row[2] for row in rows})
-        stored: dict[str, int] = dict(self.run(self.sql.served, groups=names)) if names else {}
-        turn = group_turns({g: int(stored.get(g, 0)) + self.served.get(g, 0) for g in names})
-        rows.sort(key=lambda r: (-r[3], turn[r[2]] + r[6], r[4], r[5]))
-        return [_Candidate(*row[:6]) for row in rows]
-
-    def lock_keys(self, rows: list[_Candidate], *, wait: bool) -> None:
-        """Take the locks of the limited keys among ``rows`` not held yet, and read
-        their state; with ``wait`` False a key another claimer holds is skipped."""
-        admissions = self.admissions
-        need = sorted(
-            {r.key for r in rows if r.key is not None and admissions.limit_of(r.key) is not None}
-            - self.locked
-            - self.busy
-        )
-        if not need:
-            return
-        if wait:
-            self.run(self.sql.lock_keys, keys=need)
-            got = need
-        else:
-            got = [k for (k,) in self.run(self.sql.try_lock_keys, keys=need)]
-            self.busy.update(set(need) - set(got))
-        if got:
-            self.locked.update(got)
-            for key, running, tat, promised in self.run(self.sql.key_state, keys=got):
-                admissions.seed(key, int(running), (tat, promised))
-
-    def decide(self, rows: list[_Candidate], want: int, taken: list[str]) -> bool:
-        """Take (into ``taken``) or hold back each of ``rows`` in order, up to
-        ``want`` taken; True when some were held back (another round may help)."""
-        admissions, at = self.admissions, self.at
-        held: list[tuple[str, float | None]] = []
-        for row in rows:
-            if len(taken) >= want:
-                break
-            if row.key is not None:
-                ok, until = admissions.decide(row.key, at)
-                if not ok:
-                    held.append((row.id, until))
-                    if until is not None and (self.throttled is None or until < self.throttled):
-                        self.throttled = until
-                    continue
-                admissions.start(row.key, at)
-            taken.append(row.id)
-            self.served[row.group] = self.served.get(row.group, 0) + 1
-        if held:
-            self.cur.execute(
-                self.sql.hold,
-                {**self.params, "ids": [i for i, _ in held], "ats": [a for _, a in held]},
-            )
-        return bool(held)
-
-    def save(self) -> None:
-        rates = self.admissions.rate_rows()
-        if rates:
-            self.cur.execute(
-                self.sql.save_rates,
-                {
-                    **self.params,
-                    "keys": [r[0] for r in rates],
-                    "tats": [r[1] for r in rates],
-                    "promised": [r[2] for r in rates],
-                },
-            )
-
-
-def claim_rows(
-    conn: psycopg.Connection[Any], sql: FlowStatements, params: dict[str, Any]
-) -> tuple[list[Row], float | None]:
-    """Lease up to ``params["limit"]`` due jobs with the limits applied (inside the
-    caller's transaction, after the lease recovery); the rows in claim order and
-    the earliest next allowed time given to a throttled job (to wake waiters)."""
-    cur = conn.cursor(row_factory=tuple_row)
-    first = cur.execute(sql.now, params).fetchone()
-    assert first is not None
-    claim = _Claim(cur, sql, {**params, "at": float(first[0])})
-    groups = bool(first[1])
-    claim.unpark()
-    want = int(params["limit"])
-    taken: list[str] = []
-    for round_ in range(_ROUNDS):
-        left = want - len(taken)
-        if left <= 0:
-            break
-        chosen = set(taken)
-        rows = [
-            r
-            for r in claim.candidates(left * 2 + 4 + len(taken), groups=groups)
-            if r.id not in chosen
-        ]
-        if not rows:
-            break
-        claim.lock_keys(rows, wait=round_ == 0)
-        rows = [r for r in rows if r.key not in claim.busy]
-        locked = {i for (i,) in claim.run(sql.lock_rows, ids=[r.id for r in rows])}
-        if not claim.decide([r for r in rows if r.id in locked], want, taken):
-            break
-    claim.save()
-    if groups and claim.served:
-        served = sorted(claim.served.items())
-        cur.execute(
-            sql.save_served,
-            {**claim.params, "groups": [g for g, _ in served], "counts": [n for _, n in served]},
-        )
-    if not taken:
-        return [], claim.throttled
-    order = {job_id: i for i, job_id in enumerate(taken)}
-    leased = claim.run(sql.lease, ids=taken)
-    leased.sort(key=lambda r: order[r[0]])
-    return leased, claim.throttled
 
 
 class PostgresLimits:
@@ -314,3 +168,111 @@ class PostgresLimits:
             },
         )
         return bool(rows)
+
+
+class _Host(Protocol):
+    """What :class:`PostgresFlowClaims` uses of the store (and of ``PostgresClaims``)."""
+
+    queue: str
+    _sql: Statements
+    _flow_sql: FlowStatements
+    _flow_seen: set[str]
+
+    def _params(self, now: float | None = None, **more: Any) -> dict[str, Any]: ...
+
+    def _set_hint(self, mark: tuple[int, int] | None, cur: Cursor | None) -> bool: ...
+
+    def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None: ...
+
+    def _claims(
+        self, conn: psycopg.Connection[Any], rows: list[Row], *, ordered: bool = False
+    ) -> list[Claim]: ...
+
+    def _answers(
+        self, sent: CompletionBatch, rows: list[Row], repeated: bool
+    ) -> tuple[list[StaleClaim | None], float | None]: ...
+
+    def _complete_on(
+        self, conn: psycopg.Connection[Any], sent: CompletionBatch, repeated: bool
+    ) -> list[StaleClaim | None]: ...
+
+    def _complete_sql(self, sent: CompletionBatch) -> str: ...
+
+    def _flow_groups(self, seen: bool = False) -> bool: ...
+
+
+class PostgresFlowClaims:
+    """Mixin for :class:`~delayq.backends.postgres.PostgresBackend`: the claim paths of
+    a queue that uses flow control, taken by ``PostgresClaims`` (see the module
+    docstring)."""
+
+    def _flow_in_use(self: _Host, flagged: Cursor | None, heard: bool) -> bool:
+        """Whether the flags read after a plain claim say the queue uses flow
+        control (remembered: the flags are never removed): its own read of the
+        flags (``flagged``), or the schedule's read after it (``heard``)."""
+        found = {row[0] for row in flagged.fetchall()} if flagged is not None else set()
+        if heard:
+            found.add(flags(self.queue)["flow_flag"])
+        self._flow_seen.update(found)
+        return bool(found)
+
+    def _flow_claim(
+        self: _Host, conn: psycopg.Connection[Any], params: dict[str, Any]
+    ) -> list[Claim]:
+        """The claim of a queue that uses flow control (``_flow_claim.claim_rows``): one
+        transaction with the lease recovery."""
+        with conn.pipeline(), conn.transaction():  # a round trip per read it needs
+            conn.execute(NO_DISK_WAIT)
+            conn.execute(self._sql.recover, params)
+            leased = claim_rows(conn, self._flow_sql, params, groups=self._flow_groups())
+        self._flow_groups(leased.groups)
+        self._set_hint(None, None)  # the next wait reads the schedule itself
+        self._told(conn, leased.throttled)
+        return self._claims(conn, leased.rows(), ordered=True)
+
+    def _flow_groups(self: _Host, seen: bool = False) -> bool:
+        """Whether this handle knows the queue's jobs have groups (``seen``: a claim
+        just read the flag set)."""
+        flag = flags(self.queue)["groups_flag"]
+        if seen:
+            self._flow_seen.add(flag)
+        return flag in self._flow_seen
+
+    def _complete_sql(self: _Host, sent: CompletionBatch) -> str:
+        """The completion statement: the one that gives parked jobs back to the
+        due set when a lease of a key ends, else the plain one."""
+        keyed = any(item.claim.job.key is not None for item in sent.items)
+        return self._sql.complete_keyed if keyed else self._sql.complete
+
+    def _flow_complete_and_claim(
+        self: _Host,
+        conn: psycopg.Connection[Any],
+        sent: CompletionBatch,
+        params: dict[str, Any],
+        repeated: bool,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]:
+        """``complete_and_claim`` in a queue that uses flow control: the completions
+        and the flow claim in one transaction (the claim sees the slots they freed).
+        If the claim part fails, the batch is completed on its own."""
+        try:
+            with conn.pipeline(), conn.transaction():
+                conn.execute(NO_DISK_WAIT)
+                done = conn.cursor(row_factory=tuple_row)
+                if sent.items:
+                    done.execute(self._complete_sql(sent), self._params(**sent.params()))
+                conn.execute(self._sql.recover, params)
+                leased = claim_rows(conn, self._flow_sql, params, groups=self._flow_groups())
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            log.warning("delayq: claim after complete failed (%s); completing alone", exc)
+            return self._complete_on(conn, sent, repeated), []
+        self._set_hint(None, None)
+        results, at = self._answers(sent, done.fetchall(), repeated) if sent.items else ([], None)
+        self._flow_groups(leased.groups)
+        claims = self._claims(conn, leased.rows(), ordered=True)
+        throttled = leased.throttled
+        self._told(
+            conn, at if throttled is None or (at is not None and at < throttled) else throttled
+        )
+        return results, claims

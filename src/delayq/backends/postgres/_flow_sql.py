@@ -6,10 +6,15 @@ import functools
 from dataclasses import dataclass
 
 from delayq.backends.postgres._schema import quoted
-from delayq.backends.postgres._sql import FLOW_JOB, NOW, PARKED_AT
+from delayq.backends.postgres._sql import FLOW_JOB, PARKED_AT
 from delayq.flow import Limit
 
-__all__ = ["FlowStatements", "limit_of"]
+__all__ = ["AT", "FlowStatements", "limit_of"]
+
+AT = "coalesce(%(now)s::float8, extract(epoch FROM transaction_timestamp())::float8)"
+"""The time of a flow claim: the caller's ``now`` or the server's time when its
+transaction began, one value for every statement of it (and never later than
+the real time, so "due" is never early)."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -29,7 +34,6 @@ class FlowStatements:
     unpark: str
     candidates: str
     group_candidates: str
-    served: str
     lock_keys: str
     try_lock_keys: str
     key_state: str
@@ -49,7 +53,7 @@ class FlowStatements:
         s = quoted(schema)
         jobs, meta = f"{s}.jobs", f"{s}.meta"
         cols = "id, flow_key, coalesce(flow_group, '') AS grp, priority, run_at, seq"
-        due = "queue = %(q)s AND state = 'scheduled' AND run_at <= %(at)s"
+        due = f"queue = %(q)s AND state = 'scheduled' AND run_at <= {AT}"
         lock_id = "hashtextextended(%(ns)s || k, 0)"
         return cls(
             # the queue's flags, written once (a committed flag is not waited on)
@@ -59,7 +63,7 @@ class FlowStatements:
                 WHERE NOT EXISTS (SELECT 1 FROM {meta} m WHERE m.key = k)
                 ON CONFLICT (key) DO NOTHING""",
             # the claim's time, and whether the queue's jobs have groups
-            now=f"SELECT {NOW}, EXISTS (SELECT 1 FROM {meta} WHERE key = %(groups_flag)s)",
+            now=f"SELECT {AT}, EXISTS (SELECT 1 FROM {meta} WHERE key = %(groups_flag)s)",
             limits=f"SELECT data FROM {s}.limits WHERE queue = %(q)s",
             # the keys with parked jobs (a loose index scan: one probe per key) and
             # their live leases
@@ -94,16 +98,16 @@ class FlowStatements:
                     (SELECT {cols} FROM {jobs} WHERE {due} AND NOT {FLOW_JOB}
                      ORDER BY run_at, seq LIMIT %(n)s)) c
                 ORDER BY priority DESC, run_at, seq LIMIT %(n)s""",
-            # with groups: each group's first n (the turns are ordered in Python)
+            # with groups: each group's first n, and the group's claims so far (the
+            # turns are ordered in Python)
             group_candidates=f"""
-                SELECT * FROM (
+                SELECT c.*, coalesce(g.served, 0) FROM (
                     SELECT {cols}, row_number() OVER (
                         PARTITION BY coalesce(flow_group, '')
                         ORDER BY priority DESC, run_at, seq) AS rn
                     FROM {jobs} WHERE {due}) c
-                WHERE rn <= %(n)s""",
-            served=f"SELECT grp, served FROM {s}.flow_groups "
-            f"WHERE queue = %(q)s AND grp = ANY(%(groups)s)",
+                LEFT JOIN {s}.flow_groups g ON g.queue = %(q)s AND g.grp = c.grp
+                WHERE c.rn <= %(n)s""",
             # the keys' locks in one order (hash order) ...
             lock_keys=f"""
                 SELECT pg_advisory_xact_lock({lock_id})::text
@@ -131,7 +135,7 @@ class FlowStatements:
                 UPDATE {jobs} j SET
                     state = 'running', attempts = j.attempts + 1,
                     token = nextval('{s}.tokens'), claim_req = %(req)s,
-                    lease_until = %(at)s + %(lease)s, updated_at = %(at)s,
+                    lease_until = {AT} + %(lease)s, updated_at = {AT},
                     run_at = coalesce(j.flow_run_at, j.run_at), flow_run_at = NULL
                 WHERE j.queue = %(q)s AND j.id = ANY(%(ids)s)
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,

@@ -25,12 +25,16 @@ __all__ = ["PostgresInspection", "to_job"]
 
 Row = tuple[Any, ...]
 
+_PLAIN_COLUMNS = 16  # COLUMNS up to seq
 _PURGE_DEAD_BATCH = 10_000  # dead letters one statement of purge_dead deletes at most
 
 
 def to_job(row: Row, *, strict: bool = False) -> Job:
-    """The job of a row (``sql.COLUMNS`` order). ``strict`` (claim) raises on a
-    payload or backoff that does not decode; otherwise such a field is its raw text."""
+    """The job of a row (``sql.COLUMNS`` order; the plain claim's rows stop before
+    the flow columns and the result). ``strict`` (claim) raises on a payload or backoff that does
+    not decode; otherwise such a field is its raw text."""
+    if len(row) == _PLAIN_COLUMNS:
+        row = (*row, None, 0, None, None, False, None)
     return Job(
         id=row[0],
         name=row[1],

@@ -36,9 +36,10 @@ COLUMNS = (
 
 _TTL = "('succeeded', 'cancelled', 'skipped')"
 
-PARKED_AT = "'Infinity'::float8"
+PARKED_AT = "1e300::float8"
 """``run_at`` of a parked job (its key is at its concurrency limit): past every
-real time, so the due-order reads never reach it (its due time is ``flow_run_at``)."""
+real time, so the head and due reads never reach it (its due time is
+``flow_run_at``), yet below the open end of a listing's window (as on SQLite)."""
 
 FLOW_JOB = "(priority <> 0 OR flow_key IS NOT NULL OR flow_group IS NOT NULL)"
 """A job that uses flow control: the predicate of the partial index ``jobs_flow_due``."""
@@ -104,6 +105,7 @@ class Statements:
     purge: str
     purge_dead_letters: str
     complete: str
+    complete_keyed: str
     stale: str
     extend: str
     cancel: str
@@ -229,9 +231,8 @@ class Statements:
                 WHERE j.queue = %(q)s AND j.id = due.id
                 RETURNING j.id, j.name, j.payload, j.run_at, j.state, j.attempts,
                           j.max_attempts, j.backoff, j.misfire, j.created_at, j.updated_at,
-                          j.last_error, j.outcome, j.lease_until, j.token, j.seq,
-                          j.flow_key, j.priority, j.flow_group, j.flow_run_at, j.parked,
-                          j.result""",
+                          j.last_error, j.outcome, j.lease_until, j.token, j.seq""",
+            # (no flow columns: with the flag unset, no job of the queue has flow fields)
             # Whether the queue uses flow control, read after the claim (its flags in
             # meta are never removed: the claim above saw them unless this sees them).
             flow_flags=f"SELECT key FROM {meta} WHERE key IN (%(flow_flag)s, %(groups_flag)s)",
@@ -258,65 +259,8 @@ class Statements:
                     WHERE queue = %(q)s AND state = 'dead'
                       AND updated_at <= {NOW} - %(dead_ttl)s::float8
                     LIMIT %(batch)s FOR UPDATE SKIP LOCKED)""",
-            # A batch of completions; kind is succeeded / skipped (ack), dead (bury),
-            # retry or release. Applied only where the fencing token is current.
-            # Every entry comes back: (id, token, due time, kind, applied, state and
-            # token of the row as this statement found it), so a stale entry needs no
-            # second read after the commit. With result_ttl 0 a finished job is
-            # deleted instead of kept.
-            complete=f"""
-                WITH v AS (
-                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
-                                         %(kinds)s::text[], %(run_ats)s::float8[],
-                                         %(texts)s::text[], %(results)s::text[])
-                        AS v(id, token, kind, run_at, text, result)),
-                gone AS (
-                    DELETE FROM {jobs} j USING v
-                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
-                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                      AND j.state = 'running'
-                    RETURNING j.id, j.token, j.run_at, j.flow_key),
-                u AS (
-                UPDATE {jobs} j SET
-                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
-                                 ELSE v.kind END,
-                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
-                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
-                                    ELSE j.attempts END,
-                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
-                                      -- a release keeps an earlier attempt's error
-                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
-                                      THEN j.last_error
-                                      ELSE v.text END,
-                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
-                                   ELSE j.outcome END,
-                    result = CASE WHEN v.kind = 'succeeded' THEN v.result ELSE j.result END,
-                    lease_until = NULL,
-                    updated_at = {NOW}
-                FROM v
-                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
-                  AND j.state = 'running'
-                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
-                RETURNING j.id, j.token, j.run_at, j.flow_key),
-                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone),
-                -- each lease of a key that ended frees a slot: as many of the key's
-                -- parked jobs go back to the due set, in claim order (none without keys)
-                freed AS (SELECT flow_key, count(*) AS n FROM done
-                          WHERE flow_key IS NOT NULL GROUP BY flow_key),
-                back AS (
-                    UPDATE {jobs} p SET run_at = p.flow_run_at, flow_run_at = NULL,
-                        parked = false
-                    FROM (SELECT w.id FROM freed CROSS JOIN LATERAL (
-                              SELECT id FROM {jobs}
-                              WHERE queue = %(q)s AND parked AND flow_key = freed.flow_key
-                              ORDER BY priority DESC, flow_run_at, seq LIMIT freed.n
-                              FOR UPDATE SKIP LOCKED) w) b
-                    WHERE p.queue = %(q)s AND p.id = b.id
-                    RETURNING p.run_at)
-                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token,
-                       (SELECT min(run_at) FROM back)
-                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
-                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id""",
+            complete=_complete(jobs, keyed=False),
+            complete_keyed=_complete(jobs, keyed=True),
             stale=f"SELECT id, state, token FROM {jobs} WHERE queue = %(q)s AND id = ANY(%(ids)s)",
             extend=f"""
                 UPDATE {jobs} SET lease_until = {NOW} + %(lease)s, updated_at = {NOW}
@@ -384,13 +328,15 @@ class Statements:
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
                   AND run_at < {PARKED_AT}
                 ORDER BY run_at, seq LIMIT 1""",
-            # What a waiter sleeps toward: the head, the next lease end, and "now".
+            # What a waiter sleeps toward: the head, the next lease end, and "now"; and
+            # whether the queue uses flow control (a claim's read after it tells).
             wake_times=f"""
                 SELECT (SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
                         AND run_at < {PARKED_AT} ORDER BY run_at, seq LIMIT 1),
                        (SELECT lease_until FROM {jobs} WHERE queue = %(q)s
                         AND state = 'running' ORDER BY lease_until LIMIT 1),
-                       {NOW}""",
+                       {NOW},
+                       EXISTS (SELECT 1 FROM {meta} WHERE key = %(flow_flag)s)""",
             # The counts kept by the triggers on jobs (schema.py), less the finished
             # records past result_ttl that the purge has not deleted yet (a range
             # of jobs_finished: small while the purge keeps up).
@@ -458,3 +404,72 @@ class Statements:
                     RETURNING 1)
                 SELECT count(*) FROM gone""",
         )
+
+
+def _complete(jobs: str, *, keyed: bool) -> str:
+    """A batch of completions; kind is succeeded / skipped (ack), dead (bury), retry
+    or release. Applied only where the fencing token is current. Every entry comes
+    back: (id, token, due time, kind, applied, state and token of the row as this
+    statement found it), so a stale entry needs no second read after the commit.
+    With result_ttl 0 a finished job is deleted instead of kept.
+
+    ``keyed`` (a batch with jobs of a flow key): each lease of a key that ends frees
+    a slot, and as many of the key's parked jobs go back to the due set, in claim
+    order; the earliest of their due times comes back as an eighth column."""
+    returning = "j.id, j.token, j.run_at" + (", j.flow_key" if keyed else "")
+    freed = (
+        f""",
+                freed AS (SELECT flow_key, count(*) AS n FROM done
+                          WHERE flow_key IS NOT NULL GROUP BY flow_key),
+                back AS (
+                    UPDATE {jobs} p SET run_at = p.flow_run_at, flow_run_at = NULL,
+                        parked = false
+                    FROM (SELECT w.id FROM freed CROSS JOIN LATERAL (
+                              SELECT id FROM {jobs}
+                              WHERE queue = %(q)s AND parked AND flow_key = freed.flow_key
+                              ORDER BY priority DESC, flow_run_at, seq LIMIT freed.n
+                              FOR UPDATE SKIP LOCKED) w) b
+                    WHERE p.queue = %(q)s AND p.id = b.id
+                    RETURNING p.run_at)"""
+        if keyed
+        else ""
+    )
+    return f"""
+                WITH v AS (
+                    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::int8[],
+                                         %(kinds)s::text[], %(run_ats)s::float8[],
+                                         %(texts)s::text[], %(results)s::text[])
+                        AS v(id, token, kind, run_at, text, result)),
+                gone AS (
+                    DELETE FROM {jobs} j USING v
+                    WHERE %(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped')
+                      AND j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                      AND j.state = 'running'
+                    RETURNING {returning}),
+                u AS (
+                UPDATE {jobs} j SET
+                    state = CASE WHEN v.kind IN ('retry', 'release') THEN 'scheduled'
+                                 ELSE v.kind END,
+                    run_at = CASE WHEN v.kind = 'retry' THEN v.run_at ELSE j.run_at END,
+                    attempts = CASE WHEN v.kind = 'release' THEN greatest(j.attempts - 1, 0)
+                                    ELSE j.attempts END,
+                    last_error = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN j.last_error
+                                      -- a release keeps an earlier attempt's error
+                                      WHEN v.kind = 'release' AND j.last_error IS NOT NULL
+                                      THEN j.last_error
+                                      ELSE v.text END,
+                    outcome = CASE WHEN v.kind IN ('succeeded', 'skipped') THEN v.text
+                                   ELSE j.outcome END,
+                    result = CASE WHEN v.kind = 'succeeded' THEN v.result ELSE j.result END,
+                    lease_until = NULL,
+                    updated_at = {NOW}
+                FROM v
+                WHERE j.queue = %(q)s AND j.id = v.id AND j.token = v.token
+                  AND j.state = 'running'
+                  AND NOT (%(ttl)s::float8 <= 0 AND v.kind IN ('succeeded', 'skipped'))
+                RETURNING {returning}),
+                done AS (SELECT * FROM u UNION ALL SELECT * FROM gone){freed}
+                SELECT v.id, v.token, done.run_at, v.kind, done.id IS NOT NULL, j.state, j.token
+                       {", (SELECT min(run_at) FROM back)" if keyed else ""}
+                FROM v LEFT JOIN done ON done.id = v.id AND done.token = v.token
+                       LEFT JOIN {jobs} j ON j.queue = %(q)s AND j.id = v.id"""

@@ -45,7 +45,7 @@ from delayq.backends.postgres._connection import (
     split_url,
 )
 from delayq.backends.postgres._enqueue import PostgresEnqueue
-from delayq.backends.postgres._flow import PostgresLimits
+from delayq.backends.postgres._flow import PostgresFlowClaims, PostgresLimits, flags
 from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import PostgresInspection
 from delayq.backends.postgres._keyed import PostgresKeyed
@@ -89,6 +89,7 @@ log = logging.getLogger("delayq.postgres")
 class PostgresBackend(
     PostgresEnqueue,
     PostgresClaims,
+    PostgresFlowClaims,
     PostgresSchedules,
     PostgresLimits,
     CompletesInBatches,
@@ -131,7 +132,9 @@ class PostgresBackend(
       fraction of a second of commits, a client crash still loses nothing).
 
     Lock rule: ``_lock`` guards ``_listener``, ``_closed``, ``_last_purge``,
-    ``_purge_size`` and ``_unsure``.
+    ``_purge_size`` and ``_unsure``. ``_flow_seen`` (only grows) and
+    ``_plain_full`` are hints written without it: a stale read costs at most one
+    claim that comes back empty.
     The pool and the listener are thread-safe; no query runs under ``_lock``.
     """
 
@@ -194,6 +197,8 @@ class PostgresBackend(
         self._sql = Statements.build(schema)
         self._flow_sql = FlowStatements.build(schema)
         self._flow_seen: set[str] = set()  # this queue's flow flags known committed (_flow)
+        self._flags = flags(queue)
+        self._plain_full = False  # this handle's last plain claim came back full (_claims)
         self._channel = channel_name(schema, queue)
         self._timeout = check_seconds(connect_timeout, "connect_timeout")
         lock_timeout = check_seconds(given.pick("lock_timeout", lock_timeout), "lock_timeout")
@@ -360,7 +365,7 @@ class PostgresBackend(
         """The parameters every statement shares: queue, ``now`` (None: the server's)."""
         if now is None and self._fake:
             now = self._clock.time()
-        return {"q": self.queue, "now": now, "ttl": self._result_ttl, **more}
+        return {"q": self.queue, "now": now, "ttl": self._result_ttl, **self._flags, **more}
 
     def _purge_batch(self) -> int | None:
         """The size of the purge that is due now, or None (see ``PostgresClaims._purge``)."""
@@ -408,18 +413,20 @@ class PostgresBackend(
         listener = self._listener
         return None if listener is None else listener.mark()
 
-    def _set_hint(self, mark: tuple[int, int] | None, cur: psycopg.Cursor[Any] | None) -> None:
-        """Keep, for this thread's next wait, what a claim read after claiming."""
+    def _set_hint(self, mark: tuple[int, int] | None, cur: psycopg.Cursor[Any] | None) -> bool:
+        """Keep, for this thread's next wait, what a claim read after claiming;
+        whether that read says the queue uses flow control."""
         row = None if cur is None else cur.fetchone()
         self._hint.value = (
             None
             if mark is None or row is None
             else (
                 mark,
-                row,
+                row[:3],
                 self._clock.monotonic(),
             )
         )
+        return row is not None and bool(row[3])
 
     def _told(self, conn: psycopg.Connection[Any], at: float | None) -> None:
         """After a commit that scheduled a job due at ``at``: wake waiters if it is
@@ -544,9 +551,11 @@ class PostgresBackend(
                         return
             else:
                 try:
-                    head, lease_end, now = self._read(
+                    head, lease_end, now, flow = self._read(
                         "reading the next due time", self._sql.wake_times, self._params()
                     )[0]
+                    if flow:  # the next claim takes the flow path
+                        self._flow_seen.add(self._flags["flow_flag"])
                 except BackendUnavailable as exc:
                     log.debug("wait_for_due: %s; pausing", exc)
                     head = lease_end = None
