@@ -43,6 +43,8 @@ from delayq.backends.base import Completion
 from delayq.backends.redis import RedisBackend
 from delayq.backends.redis._store import DEFAULT_MAX_FINISHED
 
+COMPACT_FACTOR = 10  # compact finished records per full one (lua/_lib.lua, trim_finished)
+
 PORTS = range(17000, 17100)
 
 
@@ -160,7 +162,41 @@ def memory(url: str, jobs: int) -> dict[str, float]:
         backend.close()
         _delete(client, prefix)
         client.close()
-    return {"pending": pending, "finished": finished, "replay": float(replay), "claims": claims}
+    return {
+        "pending": pending,
+        "finished": finished,
+        "compact": compact_record(url, jobs),
+        "replay": float(replay),
+        "claims": claims,
+    }
+
+
+def compact_record(url: str, jobs: int) -> float:
+    """Bytes per finished record kept compact past ``max_finished`` (its hash and its
+    index entry): every record but one goes past a cap of 1."""
+    prefix = f"bench:{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    backend = RedisBackend.from_url(url, prefix=prefix, max_finished=1)
+    owner = DelayQ(url, prefix=prefix)
+    jobs = min(jobs, 10)  # the compact tier holds 10 x max_finished
+    try:
+        seconds, micros = client.time()
+        now = float(seconds) + micros / 1e6
+        owner.schedule_many(
+            [{"name": "noop", "payload": {"n": i}, "at": now - 1} for i in range(jobs + 1)]
+        )
+        while got := backend.claim(limit=8, lease=60.0):
+            backend.complete([Completion.ack(c) for c in got])
+        keys = backend._keys
+        compact = list(client.zrange(keys["succeeded"] + ":compact", 0, -1))
+        hashes = sum(int(client.memory_usage(keys["job:"] + k) or 0) for k in compact)
+        index = int(client.memory_usage(keys["succeeded"] + ":compact") or 0)
+        return (hashes + index) / max(1, len(compact))
+    finally:
+        owner.close()
+        backend.close()
+        _delete(client, prefix)
+        client.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,16 +225,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     steady = (
         rate * mean_pending_s * mem["pending"]
         + DEFAULT_MAX_FINISHED * mem["finished"]
+        + COMPACT_FACTOR * DEFAULT_MAX_FINISHED * mem["compact"]
         + rate / batch * replay_s * mem["replay"]
     )
     print("| memory | bytes |")
     print("| --- | ---: |")
     print(f"| per pending job | {mem['pending']:.0f} |")
     print(f"| per finished record | {mem['finished']:.0f} |")
+    print(f"| per finished record kept compact (past max_finished) | {mem['compact']:.0f} |")
     print(f"| per claim replay record | {mem['replay']:.0f} |")
     print(
         f"| steady state at 1,000 jobs/s (5 s pending, {DEFAULT_MAX_FINISHED:,} finished "
-        f"kept, claims of {batch} kept {replay_s:.0f} s) | {steady / 2**20:.1f} MiB |"
+        f"kept and {COMPACT_FACTOR * DEFAULT_MAX_FINISHED:,} compact, claims of {batch} "
+        f"kept {replay_s:.0f} s) | {steady / 2**20:.1f} MiB |"
     )
     return 0
 
