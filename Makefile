@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test test-stress bench lint mutation mutation-clean
+.PHONY: demo test test-stress bench lint docs mutation mutation-clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,12 @@ MODULE ?=
 mutation: $(STAMP)
 	$(PY) -m pip install -q -e '.[mutation]'
 	nice -n 19 $(PY) -m tests.mutation $(MODULE)
+
+# The docs site (mkdocs-material, docs/ and mkdocs.yml) in site/; warnings fail it.
+# Not part of `make test` (which runs the docs' examples: tests/unit/test_docs_*.py).
+docs: $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
 mutation-clean:
 	rm -rf mutants
