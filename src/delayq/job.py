@@ -279,6 +279,23 @@ class Claim:
         """The number of this attempt (1 for the first run)."""
         return self.job.attempts
 
+    def context(self, lease_lost: threading.Event | None = None) -> JobContext:
+        """What the handler of this attempt is told (``lease_lost``: the worker's
+        event for this claim, set when its lease is gone)."""
+        job = self.job
+        return JobContext(
+            id=job.id,
+            name=job.name,
+            attempt=self.attempt,
+            max_attempts=job.max_attempts,
+            run_at=job.run_at,
+            claimed_at=self.claimed_at,
+            lease_until=self.lease_until,
+            created_at=job.created_at,
+            token=self.token,
+            lease_lost=threading.Event() if lease_lost is None else lease_lost,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Stats:

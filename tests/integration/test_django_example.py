@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests._util import wait_until
 
 pytest.importorskip("django", reason="the django extra is not installed")
 
@@ -101,13 +103,14 @@ def test_the_worker_command_runs_jobs_until_it_is_stopped(env: dict[str, str]) -
     )
     try:
         client(env, 'post("/orders/9")')
-        deadline = time.monotonic() + DEADLINE
-        while True:
-            [seen] = client(env, 'get("/jobs/cancel-order-9")')
-            if seen["state"] == "succeeded":
-                break
-            assert time.monotonic() < deadline, seen
-            time.sleep(0.2)
+        seen: dict[str, Any] = {}
+
+        def succeeded() -> bool:
+            [job] = client(env, 'get("/jobs/cancel-order-9")')
+            seen.update(job)
+            return bool(job["state"] == "succeeded")
+
+        assert wait_until(succeeded, DEADLINE, 0.2), seen
         assert seen["result"] == "cancelled order 9"
     finally:
         worker.send_signal(signal.SIGTERM)

@@ -4,7 +4,6 @@ driven by Starlette's TestClient (real time, deadlines)."""
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +14,8 @@ import pytest
 pytest.importorskip("fastapi", reason="the fastapi extra is not installed")
 
 from starlette.testclient import TestClient
+
+from tests._util import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app" / "main.py"
 DEADLINE = 30.0  # real seconds; reached only when something is broken
@@ -39,10 +40,13 @@ def client() -> Iterator[TestClient]:
 
 
 def _eventually(read: Any, expected: Any) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while (seen := read()) != expected:
-        assert time.monotonic() < deadline, f"still {seen!r}, expected {expected!r}"
-        time.sleep(0.02)
+    seen: list[Any] = [None]
+
+    def arrived() -> bool:
+        seen[0] = read()
+        return bool(seen[0] == expected)
+
+    assert wait_until(arrived, DEADLINE, 0.02), f"still {seen[0]!r}, expected {expected!r}"
 
 
 def test_an_unpaid_order_is_cancelled_by_the_in_process_worker(client: TestClient) -> None:

@@ -31,6 +31,7 @@ from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
 log = logging.getLogger("delayq.backends")
 
 __all__ = [
+    "is_expired",
     "CompletesAndClaims",
     "CompletesInBatches",
     "DEFAULT_RESULT_TTL",
@@ -95,6 +96,14 @@ bound is what stops a job that kills its worker before its start is recorded."""
 TTL_STATES = frozenset({JobState.SUCCEEDED, JobState.CANCELLED, JobState.SKIPPED})
 """Final states purged after ``result_ttl``. DEAD is final too, but dead letters
 stay until they are purged or requeued on purpose."""
+
+_TTL_STATE_VALUES = frozenset(state.value for state in TTL_STATES)
+
+
+def is_expired(state: str, updated_at: float, cutoff: float) -> bool:
+    """A finished record past ``result_ttl`` (``updated_at <= cutoff``, the cutoff
+    being now minus ``result_ttl``) counts as gone (``state`` is the stored text)."""
+    return state in _TTL_STATE_VALUES and updated_at <= cutoff
 
 
 def check_claim_now(now: object, clock: Clock) -> float | None:

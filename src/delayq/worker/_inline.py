@@ -20,7 +20,7 @@ from delayq.app import DelayQ
 from delayq.clock import SystemClock
 from delayq.codec import encode_result
 from delayq.errors import InvalidResult
-from delayq.job import Claim, JobContext
+from delayq.job import Claim
 from delayq.worker._decide import JobResult, decide, format_error
 
 __all__ = ["INLINE_LEASE", "run_due"]
@@ -63,17 +63,7 @@ def _run_one(app: DelayQ, claim: Claim, keep_attempt: bool) -> JobResult:
     duration = 0.0
     if decision is None:
         assert handler is not None
-        ctx = JobContext(
-            id=job.id,
-            name=job.name,
-            attempt=claim.attempt,
-            max_attempts=job.max_attempts,
-            run_at=job.run_at,
-            claimed_at=claim.claimed_at,
-            lease_until=claim.lease_until,
-            created_at=job.created_at,
-            token=claim.token,
-        )
+        ctx = claim.context()
         error: str | None = None
         text: str | None = None
         failure: Exception | None = None

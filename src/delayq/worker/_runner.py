@@ -218,19 +218,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
             self._committer.finish(rec, decision, handler_slot=True)
             return True
         assert handler is not None
-        ctx = JobContext(
-            id=job.id,
-            name=job.name,
-            attempt=claim.attempt,
-            max_attempts=job.max_attempts,
-            run_at=job.run_at,
-            claimed_at=claim.claimed_at,
-            lease_until=claim.lease_until,
-            created_at=job.created_at,
-            token=claim.token,
-            lease_lost=rec.lease_lost,
-        )
-        return self._execute(rec, handler, ctx, mono)
+        return self._execute(rec, handler, claim.context(rec.lease_lost), mono)
 
     def _execute(self, rec: InFlight, handler: Handler, ctx: JobContext, started: float) -> bool:
         """Run the handler of a started attempt now: a sync one on this thread (its

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
-from delayq.backends._common import TTL_STATES, check_spec
+from delayq.backends._common import check_spec, is_expired
 from delayq.backends.postgres._flow import uses_flow
 from delayq.backends.postgres._schema import quoted
 from delayq.backends.postgres._sql import CUTOFF, NOW, Statements
@@ -58,10 +58,6 @@ class _Store(Protocol):
     def _mark_flow(
         self, conn: psycopg.Connection[Any], *, groups: bool, committed: bool = False
     ) -> None: ...
-
-
-def _expired(state: str, updated_at: float, now: float, ttl: float) -> bool:
-    return JobState(state) in TTL_STATES and updated_at <= now - ttl
 
 
 class PostgresKeyed:
@@ -125,7 +121,7 @@ class PostgresKeyed:
         if (
             found is not None
             and found[1] is not None
-            and not _expired(found[1], found[4], now, ttl)
+            and not is_expired(found[1], found[4], now - ttl)
         ):
             current = Current(JobState(found[1]), int(found[2]), float(found[3]))
         due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
@@ -192,7 +188,7 @@ def _first_free_run(
     state = decision.state
     while True:
         row = _job_row(cur, s, queue, state.job_id)
-        if row is None or _expired(row[0], row[3], now, ttl):
+        if row is None or is_expired(row[0], row[3], now - ttl):
             break
         state = replace(state, runs=state.runs + 1)
     stale = row is not None

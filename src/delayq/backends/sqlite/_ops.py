@@ -20,6 +20,7 @@ from delayq.backends._common import (
     RELEASED_NOTE,
     clip_error,
     encode_backoff,
+    is_expired,
     lease_expired_error,
     lease_expired_note,
     resolve_conflicts,
@@ -82,11 +83,6 @@ def wake_failures(conn: sqlite3.Connection) -> int:
     """How many wake-ups processes recorded as undelivered (see ``_wake``)."""
     row = conn.execute("SELECT value FROM delayq_meta WHERE key = 'wake_failures'").fetchone()
     return 0 if row is None else int(row[0])
-
-
-def is_expired(state: str, updated_at: float, cutoff: float) -> bool:
-    """A finished record past ``result_ttl`` (``updated_at <= cutoff``) counts as gone."""
-    return state in TTL_STATE_VALUES and updated_at <= cutoff
 
 
 def count_finished_before(conn: sqlite3.Connection, state: str, cutoff: float) -> int:

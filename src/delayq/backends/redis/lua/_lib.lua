@@ -130,6 +130,19 @@ local function wake_if_earlier(before)
   return 0
 end
 
+-- A new job's flow-control fields, given as script arguments ("" / "0": none).
+local function set_flow_fields(key, fkey, prio, grp)
+  if fkey ~= '' then
+    redis.call('HSET', key, 'fkey', fkey)
+  end
+  if prio ~= '0' then
+    redis.call('HSET', key, 'prio', prio)
+  end
+  if grp ~= '' then
+    redis.call('HSET', key, 'grp', grp)
+  end
+end
+
 -- Keyed calls (keyed.lua) keep one record per key, NS .. "keyed:" .. key, that names
 -- the key's current job; every run's hash names its key (field kkey). The record
 -- lives as long as its current job: once that job finishes it expires with it

@@ -111,16 +111,7 @@ for i = 0, n - 1 do
       redis.call('HSET', key, 'kkey', run_of)
     end
     if with_flow then
-      local fkey, prio, grp = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6]
-      if fkey ~= '' then
-        redis.call('HSET', key, 'fkey', fkey)
-      end
-      if prio ~= '0' then
-        redis.call('HSET', key, 'prio', prio)
-      end
-      if grp ~= '' then
-        redis.call('HSET', key, 'grp', grp)
-      end
+      set_flow_fields(key, ARGV[base + 4], ARGV[base + 5], ARGV[base + 6])
     end
     local score = due * 1000
     zadd[#zadd + 1] = score

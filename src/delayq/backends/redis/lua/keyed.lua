@@ -152,15 +152,7 @@ if write == 'create' or write == 'append_new' then
   local fkey, prio, grp = ARGV[12], ARGV[13], ARGV[14]
   if fkey ~= '' or prio ~= '0' or grp ~= '' then
     redis.call('SET', NS .. 'flow', '1')
-    if fkey ~= '' then
-      redis.call('HSET', key, 'fkey', fkey)
-    end
-    if prio ~= '0' then
-      redis.call('HSET', key, 'prio', prio)
-    end
-    if grp ~= '' then
-      redis.call('HSET', key, 'grp', grp)
-    end
+    set_flow_fields(key, fkey, prio, grp)
   end
   schedule(key, job, run_at, true)
   redis.call('PERSIST', K_KEY) -- a new run holds the record (see key_finished)
