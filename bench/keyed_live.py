@@ -22,7 +22,7 @@ Per store (the ``bench.load`` systems ``delayq-sqlite-normal``, ``delayq-redis``
    started early against the store's due time (must be 0); runs whose payload is not
    their last call's (must be 0); keys' runs missing or run twice.
 2. **append across a SIGKILL**: ``--events`` events appended (``on_conflict="append"``,
-   max_items 100, delay 0.2 s) over ``--append-keys`` keys at ``--rate`` calls/s, the
+   max_items 100, delay 2 s) over ``--append-keys`` keys at ``--rate`` calls/s, the
    worker killed with SIGKILL halfway and a new one started. Reported: events delivered,
    events in no run (lost: must be 0), events in two different jobs (must be 0), and
    runs repeated by the restart (at-least-once: the killed worker's unacked runs).
@@ -99,6 +99,8 @@ def _debounce_producer(url: str, w: Debounce, k: int, start: float, path: str) -
     with DelayQ(url) as app:
         for n in range(int(rate * w.seconds)):
             _pace(rate, start, n)
+            if time.time() > start + w.seconds:
+                break  # behind the offered rate: calls/s tells by how much
             pool = mine_hot if (rng.random() < 0.5 and mine_hot) else mine_cold
             key = f"k{rng.choice(pool)}"
             seq = k * 10**9 + n
@@ -184,7 +186,7 @@ def _append_producer(url: str, events: int, keys: int, rate: float, start: float
         for n in range(events):
             _pace(rate, start, n)
             app.schedule(
-                "append", n, delay=0.2, job_id=f"a{n % keys}", on_conflict="append", max_items=100
+                "append", n, delay=2.0, job_id=f"a{n % keys}", on_conflict="append", max_items=100
             )
 
 
@@ -242,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--delay", type=float, default=1.0, help="debounce quiet period")
     parser.add_argument("--max-wait", type=float, default=3.0)
-    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--append-keys", type=int, default=1_000)
     args = parser.parse_args(argv)
