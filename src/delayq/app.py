@@ -77,6 +77,7 @@ from delayq.job import (
 from delayq.keyed import KeyedMode, KeyedResult, KeyPolicy, Unique
 from delayq.recurring.model import TICK_HANDLER
 from delayq.recurring.schedules import RecurringSchedules
+from delayq.results import finished_jobs
 from delayq.task import Task
 
 __all__ = [
@@ -553,6 +554,8 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         """Cancel a scheduled job: cancelled, running, finished or not found."""
         job_id = check_job_id(job_id)
         outcome = self._backend.cancel(job_id)
+        if outcome.cancelled:
+            finished_jobs(self._backend).notify([job_id])  # wakes a result() waiting for it
         for hook in self._hooks:
             try:
                 hook.after_cancel(job_id, outcome)
