@@ -147,14 +147,15 @@ def _amqp(s: Services) -> str:
     return vhost_url(queue=s.rabbit_queue())
 
 
-DOC_URLS: dict[str, Callable[[Services], str]] = {
-    "redis://localhost:6379/0?queue=orders": _redis,
-    "postgresql://app@db/shop?queue=orders": _pg_store,
-    "postgresql://app@db/shop": _pg_conn,
-    "postgresql+psycopg://app@db/shop": lambda s: _pg_conn(s, "postgresql+psycopg"),
-    "amqp://guest:guest@localhost:5672/%2F?queue=orders": _amqp,
+DOC_URLS: dict[str, tuple[str, Callable[[Services], str]]] = {
+    "redis://localhost:6379/0?queue=orders": ("redis", _redis),
+    "postgresql://app@db/shop?queue=orders": ("postgres", _pg_store),
+    "postgresql://app@db/shop": ("postgres", _pg_conn),
+    "postgresql+psycopg://app@db/shop": ("postgres", lambda s: _pg_conn(s, "postgresql+psycopg")),
+    "amqp://guest:guest@localhost:5672/%2F?queue=orders": ("rabbitmq", _amqp),
 }
-"""The store URLs the docs' Python blocks use, and the test's own for each."""
+"""The store URLs the docs' Python blocks use: the server each needs (its marker),
+and the test's own URL for it."""
 
 
 def _for_test(code: str, services: Services, where: str) -> str:
@@ -162,7 +163,7 @@ def _for_test(code: str, services: Services, where: str) -> str:
     for url in urls:
         assert url in DOC_URLS, f"{where}: add {url!r} to DOC_URLS (the test's URL for it)"
     for url in sorted(urls, key=len, reverse=True):
-        mine = DOC_URLS[url](services)
+        mine = DOC_URLS[url][1](services)
         code = code.replace(f'"{url}"', repr(mine)).replace(f"'{url}'", repr(mine))
     return code
 
@@ -214,7 +215,15 @@ def test_the_docs_have_code_to_check() -> None:
     assert len(PYTHON_PAGES) >= 8 and len(SHELL_BLOCKS) >= 5
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def _page_param(page: Path) -> Any:
+    """The page, marked with the servers its URLs need (``-m "not rabbitmq"`` ...)."""
+    code = "".join(b.code for b in blocks_of(page) if b.lang == "python")
+    needs = sorted({DOC_URLS[url][0] for url in _URL.findall(code) if url in DOC_URLS})
+    marks = [getattr(pytest.mark, name) for name in needs]
+    return pytest.param(page, marks=marks, id=str(page.relative_to(ROOT)))
+
+
+@pytest.mark.parametrize("page", [_page_param(page) for page in PYTHON_PAGES])
 def test_the_python_blocks_of_each_page_run(
     page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
