@@ -364,9 +364,10 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         groups are claimed in turn, so one group's backlog cannot starve the
         others. They never make a job run before it is due.
 
-        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
-        ``Connection`` / ``Session``) writes the job inside that connection's
-        transaction: it exists if and only if the caller's transaction commits.
+        ``connection`` (PostgreSQL only: a psycopg connection, a SQLAlchemy
+        ``Connection`` / ``Session``, or Django's ``django.db.connection``) writes
+        the job inside that connection's transaction: it exists if and only if the
+        caller's transaction commits.
 
         Keyed calls (stores with the ``keyed`` feature; ``job_id`` is the key,
         see :mod:`delayq.keyed` and :meth:`schedule_keyed` for the outcome):
