@@ -2,7 +2,9 @@
 
 * ``python`` blocks of one page run in order as one script, in a fresh working
   directory (a page's ``sqlite:///jobs.db`` is a file of the test's own). A
-  block may use a top-level ``await`` (it then runs in ``asyncio.run``).
+  block may use a top-level ``await`` (it then runs in ``asyncio.run``). A
+  top-level ``print(...)  # comment`` must print what its comment says (the
+  printed text is part of the comment: ``# paid in time: cancelled``).
 * A store URL in a block must be one of :data:`DOC_URLS`: the test replaces it
   with the test servers' URL under the test's own Redis prefix, PostgreSQL
   schema or RabbitMQ virtual host and queue, and the page is skipped (failed
@@ -26,6 +28,8 @@ import io
 import re
 import shlex
 import subprocess
+import sys
+import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,12 +175,40 @@ def _for_test(code: str, services: Services, where: str) -> str:
 # -- running a page ---------------------------------------------------------------
 
 
+def _printed_comments(code: str) -> dict[int, str]:
+    """Line number -> comment of each top-level ``print(...)  # comment`` line."""
+    found = {}
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        line = tok.line
+        if tok.type == tokenize.COMMENT and line.startswith("print(") and tok.start[1] > 0:
+            found[tok.start[0]] = tok.string.lstrip("# ")
+    return found
+
+
 def _run(code: str, namespace: dict[str, Any], where: str) -> None:
+    """Run one block; check that each commented top-level print printed what it says."""
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     compiled = compile(code, where, "exec", flags=flags)
+    printed: dict[int, list[str]] = {}
+
+    def recording_print(*args: Any, **kwargs: Any) -> None:
+        frame = sys._getframe(1)
+        if frame.f_code.co_filename == where:
+            out = io.StringIO()
+            print(*args, **{**kwargs, "file": out})
+            printed.setdefault(frame.f_lineno, []).append(out.getvalue().strip())
+        print(*args, **kwargs)
+
+    namespace["print"] = recording_print
     result = eval(compiled, namespace)  # a coroutine when the block awaits
     if asyncio.iscoroutine(result):
         asyncio.run(result)
+    for line, comment in _printed_comments(code).items():
+        said = printed.get(line)
+        assert said, f"{where}, line {line}: nothing printed"
+        assert all(text and text in comment for text in said), (
+            f"{where}, line {line}: printed {said}, the comment says {comment!r}"
+        )
 
 
 def _close_what_it_opened(namespace: dict[str, Any]) -> None:
@@ -298,3 +330,10 @@ def test_the_checks_catch_a_wrong_command() -> None:
         _check_delayq_command(["worker", "shop:app", "--no-such-option"])
     with pytest.raises(click.UsageError):
         _check_delayq_command(["no-such-command"])
+
+
+def test_the_checks_catch_a_print_that_prints_what_its_comment_does_not_say() -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        _run('print("cancelled")   # paid in time: cancelled\n', {}, "good")
+        with pytest.raises(AssertionError, match="the comment says 'cancelled'"):
+            _run('print("kept")   # cancelled\n', {}, "bad")
