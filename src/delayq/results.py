@@ -23,9 +23,10 @@ body ran; a retry would run its side effects again).
 Waiting for a result reads the job, and while it is not finished waits for a
 finish in this process (:class:`FinishedJobs`: the worker's committer and
 ``app.cancel`` tell it) or a pause that grows from 10 ms (x1.5, at most 1 s) on
-the app's clock, whichever comes first, then reads again. No store tells other
-processes of a finish (their wake-ups announce due jobs), so a result recorded
-by a worker elsewhere is seen at the next read. A job that ends otherwise raises its final error:
+the app's clock, whichever comes first, then reads again. A store with the
+optional capability :class:`~delayq.backends.base.TellsFinishes` (SQLite) also
+tells of results recorded by other processes; elsewhere such a result is seen at
+the next read. A job that ends otherwise raises its final error:
 :class:`~delayq.errors.JobFailed` (dead-lettered; ``.error`` is its stored
 error text), :class:`~delayq.errors.JobCancelled`,
 :class:`~delayq.errors.JobSkipped`; one still not finished at the deadline,
