@@ -24,7 +24,7 @@ Waiting for a result reads the job, and while it is not finished waits for a
 finish in this process (:class:`FinishedJobs`: the worker's committer and
 ``app.cancel`` tell it) or a pause that grows from 10 ms (x1.5, at most 1 s) on
 the app's clock, whichever comes first, then reads again. A store with the
-optional capability :class:`~delayq.backends.base.TellsFinishes` (SQLite) also
+optional capability :class:`~delayq.backends.base.TellsFinishes` (SQLite, Redis) also
 tells of results recorded by other processes; elsewhere such a result is seen at
 the next read. A job that ends otherwise raises its final error:
 :class:`~delayq.errors.JobFailed` (dead-lettered; ``.error`` is its stored

@@ -508,7 +508,7 @@ class ReportsHealth(Protocol):
 @runtime_checkable
 class TellsFinishes(Protocol):
     """The optional store capability of telling this process that jobs finished in
-    another one (SQLite: datagrams beside its wake sockets).
+    another one (SQLite: datagrams beside its wake sockets; Redis: pub/sub).
 
     ``DelayQ.result`` calls :meth:`listen_for_finishes` before it waits; the store
     then calls ``on_finished(job_ids)`` (on a thread of its own) for jobs other
