@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -179,7 +180,9 @@ class FinishedJobs:
 
 
 _registry_lock = threading.Lock()  # guards _registry
-_registry: dict[str, FinishedJobs] = {}
+# Weak: held by the committers and waiters that use it, so a process opening many
+# stores keeps only those in use; while any holds it, every caller gets that one.
+_registry: weakref.WeakValueDictionary[str, FinishedJobs] = weakref.WeakValueDictionary()
 
 
 def finished_jobs(store: object) -> FinishedJobs:
@@ -191,7 +194,8 @@ def finished_jobs(store: object) -> FinishedJobs:
     with _registry_lock:
         found = _registry.get(key)
         if found is None:
-            found = _registry[key] = FinishedJobs()
+            found = FinishedJobs()
+            _registry[key] = found
         return found
 
 
