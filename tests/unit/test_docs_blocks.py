@@ -13,9 +13,8 @@
   parsed by the CLI itself (command, options and arguments must exist) and each
   ``make TARGET`` must name a Makefile target.
 * A block deliberately not run says so in an HTML comment on the line before it,
-  with its reason: ``<!-- docs-test: skip (the reason) -->``; a block that must
-  raise names the exception: ``<!-- docs-test: raises InvalidJob -->`` (the page
-  goes on with the next block). There are few of them (:data:`MOST_SKIPPED`).
+  with its reason: ``<!-- docs-test: skip (the reason) -->``. There are few of
+  them (:data:`MOST_SKIPPED`).
 * Every block names its language: ``python``, ``sh``, or one of :data:`NOT_CODE`.
 """
 
@@ -55,7 +54,7 @@ MOST_SKIPPED = 4
 """At most this many blocks in all the docs are not run (each says why)."""
 
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
-_MARK = re.compile(r"<!--\s*docs-test:\s*(skip|raises)\b\s*(.*?)\s*-->\s*$")
+_MARK = re.compile(r"<!--\s*docs-test:\s*(skip)\b\s*(.*?)\s*-->\s*$")
 _URL = re.compile(
     r"""["']((?:redis|rediss|postgresql|postgres|postgresql\+psycopg|amqp)://[^"']*)["']"""
 )
@@ -67,8 +66,8 @@ class Block:
     line: int
     lang: str
     code: str
-    mark: str = ""  # "", "skip" or "raises"
-    note: str = ""  # the skip's reason, or the exception's name
+    mark: str = ""  # "" or "skip"
+    note: str = ""  # the skip's reason
 
     @property
     def where(self) -> str:
@@ -240,7 +239,6 @@ def test_few_blocks_are_not_run_and_each_says_why() -> None:
     skipped = [b for b in ALL_BLOCKS if b.mark == "skip"]
     assert all(b.note for b in skipped), [b.where for b in skipped if not b.note]
     assert len(skipped) <= MOST_SKIPPED, [b.where for b in skipped]
-    assert all(b.note.isidentifier() for b in ALL_BLOCKS if b.mark == "raises")
 
 
 def test_the_docs_have_code_to_check() -> None:
@@ -266,13 +264,7 @@ def test_the_python_blocks_of_each_page_run(
             for block in blocks:
                 code = _for_test(block.code, services, block.where)
                 with contextlib.redirect_stdout(io.StringIO()):
-                    if block.mark == "raises":
-                        with pytest.raises(Exception) as raised:
-                            _run(code, namespace, block.where)
-                        names = [c.__name__ for c in type(raised.value).__mro__]
-                        assert block.note in names, f"{block.where}: raised {raised.value!r}"
-                    else:
-                        _run(code, namespace, block.where)
+                    _run(code, namespace, block.where)
         finally:
             _close_what_it_opened(namespace)
 
