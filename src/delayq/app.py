@@ -77,6 +77,7 @@ from delayq.job import (
 from delayq.keyed import KeyedMode, KeyedResult, KeyPolicy, Unique
 from delayq.recurring.model import TICK_HANDLER
 from delayq.recurring.schedules import RecurringSchedules
+from delayq.results import finished_jobs
 from delayq.task import Task
 
 __all__ = [
@@ -363,9 +364,10 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         groups are claimed in turn, so one group's backlog cannot starve the
         others. They never make a job run before it is due.
 
-        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
-        ``Connection`` / ``Session``) writes the job inside that connection's
-        transaction: it exists if and only if the caller's transaction commits.
+        ``connection`` (PostgreSQL only: a psycopg connection, a SQLAlchemy
+        ``Connection`` / ``Session``, or Django's ``django.db.connection``) writes
+        the job inside that connection's transaction: it exists if and only if the
+        caller's transaction commits.
 
         Keyed calls (stores with the ``keyed`` feature; ``job_id`` is the key,
         see :mod:`delayq.keyed` and :meth:`schedule_keyed` for the outcome):
@@ -553,6 +555,8 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         """Cancel a scheduled job: cancelled, running, finished or not found."""
         job_id = check_job_id(job_id)
         outcome = self._backend.cancel(job_id)
+        if outcome.cancelled:
+            finished_jobs(self._backend).notify([job_id])  # wakes a result() waiting for it
         for hook in self._hooks:
             try:
                 hook.after_cancel(job_id, outcome)

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -111,6 +111,7 @@ __all__ = [
     "ReportsHealth",
     "ScheduleRecord",
     "ScheduleStore",
+    "TellsFinishes",
     "WorkerBeat",
     "WorkerRegistry",
 ]
@@ -501,6 +502,23 @@ class ReportsHealth(Protocol):
 
     def health(self) -> dict[str, object]:
         """A small mapping of facts, ``alive`` (bool) among them; cheap to call."""
+        ...
+
+
+@runtime_checkable
+class TellsFinishes(Protocol):
+    """The optional store capability of telling this process that jobs finished in
+    another one (SQLite: datagrams beside its wake sockets; Redis: pub/sub).
+
+    ``DelayQ.result`` calls :meth:`listen_for_finishes` before it waits; the store
+    then calls ``on_finished(job_ids)`` (on a thread of its own) for jobs other
+    processes finished with a stored result, so a waiter wakes at once instead of
+    at its next read. Best effort: a lost notice costs a waiter its pause.
+    """
+
+    def listen_for_finishes(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Start hearing finishes (once; later calls return at once). False when
+        this store cannot tell them here."""
         ...
 
 

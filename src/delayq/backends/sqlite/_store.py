@@ -36,6 +36,7 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
+from delayq.backends.sqlite._finished import FinishChannel
 from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._inspect import SQLiteInspection
@@ -181,6 +182,7 @@ class SQLiteBackend(
         self._last_purge = float("-inf")
         self._pid = os.getpid()
         self._wake: WakeChannel | None = None
+        self._finished: FinishChannel | None = None  # tells other processes of results
         self._wake_failures_seen: int | None = None
         self._wake_distrusted = False
         self._turns: WriteTurns | None = None
@@ -190,6 +192,7 @@ class SQLiteBackend(
             self._readers = ReadConnections(self.path, busy_timeout=self._busy_timeout)
             self._turns = open_turns(self.path)
             self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
+            self._finished = FinishChannel(self.path)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
@@ -257,6 +260,8 @@ class SQLiteBackend(
                 self._turns = open_turns(self.path)
             if self._wake is not None:
                 self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
+            if self._finished is not None:
+                self._finished = FinishChannel(self.path)
         return self._conn
 
     def _write(
@@ -498,7 +503,26 @@ class SQLiteBackend(
                 self._housekeeping(conn, now)
                 claims = ops.claim_due(conn, now, limit, lease)
         self._wake_if_earlier(earliest, head)
+        self._tell_results(items, results)
         return results, claims
+
+    def _tell_results(self, items: Sequence[Completion], answers: Sequence[object]) -> None:
+        """After the commit: tell result waiters in other processes (``_finished``)."""
+        finished = self._finished
+        if finished is None:
+            return
+        ids = [
+            item.claim.job.id
+            for item, stale in zip(items, answers, strict=True)
+            if item.result is not None and stale is None
+        ]
+        if ids:
+            finished.send(ids)
+
+    def listen_for_finishes(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Hear the results other processes record (``TellsFinishes``, ``_finished``)."""
+        finished = self._finished
+        return finished is not None and finished.listen(on_finished)
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
@@ -783,6 +807,9 @@ class SQLiteBackend(
             if self._readers is not None:
                 self._readers.close()
             wake = self._wake if ours else None
+            finished = self._finished if ours else None
         if wake is not None:
             wake.close()
+        if finished is not None:
+            finished.close()
         self._woken()
