@@ -17,7 +17,8 @@ What is measured (the public calls a dashboard or a worker makes):
 - ``Metrics.on_result`` per finished attempt (counters + two histograms);
 - ``DelayQ.schedule`` on the memory store with and without the metrics producer
   hook, jobs/s;
-- a worker's lateness while its own dashboard (``--web-port``) is polled: a
+- a worker's lateness while its own dashboard (``--web-port``, served by a child
+  process of the worker) is polled: a
   worker on a SQLite store of ``--polled-jobs`` pending jobs runs a tick job
   due every 20 ms; first alone, then while 8 clients (another process) each
   fetch the overview page, ``/api/overview``, ``/api/jobs?limit=100`` and a
@@ -177,7 +178,7 @@ def polled_worker(pending: int, seconds: float, clients: int = 8, interval: floa
                 )
             lateness: list[tuple[float, float]] = []
             app.register("tick", lambda payload: None)
-            ops = WorkerOps(app, web_port=0)
+            ops = WorkerOps(app, web_port=0, store_url=url)
 
             def on_result(result: JobResult) -> None:
                 ops.on_result(result)
