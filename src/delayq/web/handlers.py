@@ -55,7 +55,7 @@ def _store_counts(app: DelayQ, now: float) -> tuple[dict[str, dict[str, Any]], b
         return table, False
     capped = False
     for state in _STATES:
-        jobs = app.list_jobs(state=state, limit=SCAN)
+        jobs = app.list_jobs(state=state, limit=SCAN, preview=1)
         capped = capped or len(jobs) == SCAN
         for job in jobs:
             r = row(job.name)

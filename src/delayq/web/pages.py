@@ -75,6 +75,8 @@ async def jobs(request: Request) -> Response:
         states=_STATES,
         retrying_filter=filters.retrying,
         refresh=REFRESH_SECONDS,
+        # the fields show only where the store can search (others refuse: 501)
+        can_search="payload_search" in dash.app.backend.features,
     )
 
 
