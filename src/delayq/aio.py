@@ -231,8 +231,8 @@ class AsyncDelayQ:
     async def stats(self) -> Stats:
         return await asyncio.to_thread(self.app.stats)
 
-    async def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        return await asyncio.to_thread(self.app.dead_letters, limit=limit)
+    async def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        return await asyncio.to_thread(self.app.dead_letters, limit=limit, preview=preview)
 
     async def requeue(
         self,

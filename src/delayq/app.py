@@ -630,7 +630,7 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
             extra.update(payload_contains=payload_contains, payload_at=payload_at)
         if preview is not None:
             check_preview(preview)
-            if "preview" in inspect.signature(self._backend.list_jobs).parameters:
+            if "preview" in _parameters(self._backend.list_jobs):
                 extra["preview"] = preview
         return self._backend.list_jobs(
             state=state,
@@ -644,9 +644,15 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         """Counts by state and the next due time."""
         return self._backend.stats()
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        """Dead jobs with their last error, most recently buried first."""
-        return self._backend.dead_letters(limit=check_limit(limit))
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        """Dead jobs with their last error, most recently buried first; ``preview`` as
+        in :meth:`list_jobs`."""
+        extra: dict[str, Any] = {}
+        if check_preview(preview) is not None and "preview" in _parameters(
+            self._backend.dead_letters
+        ):
+            extra["preview"] = preview
+        return self._backend.dead_letters(limit=check_limit(limit), **extra)
 
     def requeue(
         self,
@@ -730,3 +736,9 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
 
     def __repr__(self) -> str:
         return f"DelayQ({self._backend.url!r}, handlers={sorted(self._handlers)})"
+
+
+def _parameters(method: Any) -> Mapping[str, Any]:
+    """The parameters of a store's method (an older or third-party store may lack
+    the newest keywords: they are passed only where it takes them)."""
+    return inspect.signature(method).parameters

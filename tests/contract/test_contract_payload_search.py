@@ -111,3 +111,16 @@ def test_a_bad_payload_search_is_refused(backend: Backend) -> None:
     ):
         with pytest.raises(InvalidOption):
             search(**bad)
+
+
+def test_dead_letters_list_big_payloads_cut_too(backend: Backend, clock: FakeClock) -> None:
+    big = {"blob": "z" * 3000}
+    backend.enqueue([spec("dead", clock.time(), payload=big)])
+    (claim,) = backend.claim(limit=1, lease=30.0)
+    backend.bury(claim, "ValueError: no")
+    (listed,) = backend.dead_letters(preview=10)  # type: ignore[call-arg]
+    assert listed.payload == PayloadPreview(
+        '{"blob":"z', len(json.dumps(big, separators=(",", ":")))
+    )
+    (whole,) = backend.dead_letters()
+    assert whole.payload == big

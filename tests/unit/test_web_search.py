@@ -168,3 +168,14 @@ def test_a_typed_search_value_is_json_when_it_reads_as_json_else_text() -> None:
     assert parse_payload_at("$.items[0].sku = A-1", "--payload-at") == ("$.items[0].sku", "A-1")
     with pytest.raises(InvalidOption, match="PATH=VALUE"):
         parse_payload_at("=1", "--payload-at")
+
+
+def test_dead_letters_are_listed_with_previews_read_cut(app: DelayQ, client: TestClient) -> None:
+    app.schedule("mail", {"blob": "x" * MIB}, job_id="dead-big")
+    (claim,) = app.backend.claim(limit=1, lease=30)
+    app.backend.bury(claim, "ValueError: too big")
+    (job,) = app.dead_letters(preview=PREVIEW_CHARS)
+    assert isinstance(job.payload, PayloadPreview) and job.payload.chars > MIB
+    response = client.get("/api/dead")
+    assert response.status_code == 200 and len(response.content) < 10_000
+    assert response.json()["jobs"][0]["payload_chars"] > MIB

@@ -479,8 +479,8 @@ class Backend(Protocol):
         """Counts by state and the next due time."""
         ...
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        """Dead jobs, most recently buried first."""
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        """Dead jobs, most recently buried first (``preview`` as in :meth:`list_jobs`)."""
         ...
 
     def requeue_dead(

@@ -82,7 +82,7 @@ async def job(request: Request) -> _JSON:
 async def dead(request: Request) -> _JSON:
     dash = dashboard(request)
     limit = views.JobFilters.parse(request.query_params).limit
-    jobs = await dash.call(dash.app.dead_letters, limit=limit)
+    jobs = await dash.call(dash.app.dead_letters, limit=limit, preview=PREVIEW_CHARS)
     now = dash.app.clock.time()
     return _JSON({"jobs": [job_row(j, now) for j in jobs]})
 

@@ -715,13 +715,20 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                     due += 1
             return Stats.from_counts(counts, due=due, next_due=self._next_scheduled())
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
         with self._lock:
             self._check_open()
             dead = [r for r in self._jobs.values() if r.state is JobState.DEAD]
             chosen = heapq.nlargest(limit, dead, key=lambda r: (r.updated_at, r.seq))
-            return [r.to_job() for r in chosen]
+            jobs = [r.to_job() for r in chosen]
+        if preview is None:
+            return jobs
+        return [
+            replace(j, payload=listed_payload(r.payload, preview))
+            for j, r in zip(jobs, chosen, strict=True)
+        ]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None

@@ -68,6 +68,14 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
     )
 
 
+def _listed(row: Row, preview: int | None) -> Job:
+    """The job of a listing's row (``_search.list_columns``: the payload maybe cut,
+    its length last): a payload longer than ``preview`` as a PayloadPreview."""
+    if preview is None or row[-1] <= preview:
+        return to_job(row)
+    return replace(to_job((*row[:2], "null", *row[3:])), payload=PayloadPreview(row[2], row[-1]))
+
+
 class _Store(Protocol):
     _sql: Statements
     schema: str
@@ -151,14 +159,7 @@ class PostgresInspection:
                 ),
             )
         rows.sort(key=lambda r: (r[3], r[15]))
-        if preview is None:
-            return [to_job(r) for r in rows[:limit]]
-        return [
-            to_job(r)
-            if r[-1] <= preview
-            else replace(to_job((*r[:2], "null", *r[3:])), payload=PayloadPreview(r[2], r[-1]))
-            for r in rows[:limit]
-        ]
+        return [_listed(r, preview) for r in rows[:limit]]
 
     def next_due(self: _Store) -> float | None:
         rows = self._read("reading the next due time", self._sql.head, self._params())
@@ -173,10 +174,15 @@ class PostgresInspection:
         counts = {state: int(n or 0) for state, n in rows.items()}
         return Stats.from_counts(counts, due=due, next_due=head)
 
-    def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self: _Store, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
-        rows = self._read("listing dead letters", self._sql.dead_letters, self._params(limit=limit))
-        return [to_job(r) for r in rows]
+        preview = check_preview(preview)
+        rows = self._read(
+            "listing dead letters",
+            self._sql.dead_letters,
+            self._params(limit=limit, **search_params(None, None, preview)),
+        )
+        return [_listed(r, preview) for r in rows]
 
     def purge_dead(
         self: _Store, *, job_ids: Sequence[str] | None = None, older_than: float | None = None

@@ -393,7 +393,7 @@ class Statements:
                 SELECT count(*) FROM {jobs}
                 WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}""",
             dead_letters=f"""
-                SELECT {COLUMNS} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
+                SELECT {listed} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
                 ORDER BY updated_at DESC, seq DESC LIMIT %(limit)s""",
             # A bounded batch (one transaction each), counted on the server.
             purge_dead=f"""

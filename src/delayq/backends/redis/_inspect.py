@@ -174,11 +174,15 @@ class RedisInspection:
         )
         return Stats.from_counts(counts, due=int(r[1]), next_due=optional_float(r[7]))
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
         self._check_open()
         ids = self._members(lambda: self._redis.zrevrange(self._keys["dead"], 0, limit - 1))
-        return [j for j in self._fetch(ids) if j.state is JobState.DEAD]
+        dead = [j for j in self._fetch(ids) if j.state is JobState.DEAD]
+        if preview is None:
+            return dead
+        return [replace(j, payload=listed_payload(_text(j.payload), preview)) for j in dead]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None

@@ -9,12 +9,14 @@ big payloads never brings them into Python.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from delayq._validate import JsonScalar, PayloadPath
-from delayq.backends.sqlite._schema import COLUMNS
+from delayq.backends.sqlite._schema import COLUMNS, to_job
+from delayq.job import Job, PayloadPreview
 
-__all__ = ["json_path", "payload_filters", "preview_select"]
+__all__ = ["json_path", "listed_job", "payload_filters", "preview_select"]
 
 
 def json_path(path: PayloadPath) -> str:
@@ -53,3 +55,11 @@ def preview_select() -> str:
     columns = COLUMNS.split(", ")
     columns[columns.index("payload")] = "substr(payload, 1, ?)"
     return f"SELECT {', '.join(columns)}, length(payload) FROM delayq_jobs"
+
+
+def listed_job(row: Any, preview: int | None) -> Job:
+    """The job of a row of :func:`preview_select` (or of ``SELECT`` when ``preview``
+    is None): a payload longer than ``preview`` as a PayloadPreview."""
+    if preview is None or row[-1] <= preview:
+        return to_job(row)
+    return replace(to_job((*row[:3], "null", *row[4:])), payload=PayloadPreview(row[3], row[-1]))

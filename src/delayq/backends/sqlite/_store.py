@@ -62,7 +62,7 @@ from delayq.backends.sqlite._schema import (
     open_connection,
     to_job,
 )
-from delayq.backends.sqlite._search import payload_filters, preview_select
+from delayq.backends.sqlite._search import listed_job, payload_filters, preview_select
 from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
 from delayq.backends.sqlite._wake import WakeChannel
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -82,7 +82,6 @@ from delayq.job import (
     JobSpec,
     JobState,
     OnConflict,
-    PayloadPreview,
     RescheduleOutcome,
     Stats,
     check_on_conflict,
@@ -688,14 +687,7 @@ class SQLiteBackend(
                 ).fetchall()
         if len(states) > 1:
             rows.sort(key=lambda r: (r[4], r[0]))  # run_at, seq (COLUMNS)
-        if preview is None:
-            return [to_job(r) for r in rows[:limit]]
-        return [
-            to_job(r)
-            if r[-1] <= preview
-            else replace(to_job((*r[:3], "null", *r[4:])), payload=PayloadPreview(r[3], r[-1]))
-            for r in rows[:limit]
-        ]
+        return [listed_job(r, preview) for r in rows[:limit]]
 
     def next_due(self) -> float | None:
         with self._read("reading the next due time") as conn:
@@ -721,14 +713,16 @@ class SQLiteBackend(
             head = ops.head(conn)
         return Stats.from_counts(counts, due=due, next_due=head)
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
+        select, cut = (SELECT, []) if preview is None else (preview_select(), [preview])
         with self._read("listing dead letters") as conn:
             rows = conn.execute(
-                f"{SELECT} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
-                (limit,),
+                f"{select} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
+                (*cut, limit),
             ).fetchall()
-        return [to_job(r) for r in rows]
+        return [listed_job(r, preview) for r in rows]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
