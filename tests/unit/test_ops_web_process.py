@@ -157,3 +157,34 @@ def test_a_series_takes_the_slots_another_series_relays() -> None:
     shown.merge(worker.recent())
     assert [(p.start, p.count) for p in shown.points()] == [(100.0, 2), (110.0, 1)]
     assert [p.p99 for p in shown.points()] == [p.p99 for p in worker.points()]
+
+
+@pytest.mark.slow
+def test_delayq_worker_web_port_serves_from_a_child_that_stops_with_the_worker(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    with DelayQ(url) as app:
+        app.schedule("mail", {"n": 1}, delay=600, job_id="waiting")
+    env = {**os.environ, "DELAYQ_WEB_TOKEN": "t0ken", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "delayq", "--url", url, "worker", TARGET, "--web-port", "0"]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env) as worker:
+        try:
+            assert worker.stderr is not None
+            seen = ""
+            while "dashboard on " not in seen:
+                line = worker.stderr.readline()
+                assert line, f"the worker exited: {seen}"
+                seen += line
+            served = seen.split("dashboard on ", 1)[1].split()[0]
+            child = int(seen.split("(process ", 1)[1].split(")")[0])
+            assert child != worker.pid
+            jobs = json.loads(_read(served + "api/jobs"))
+            assert [j["id"] for j in jobs["jobs"]] == ["waiting"]
+            worker.send_signal(signal.SIGINT)  # a graceful stop: the dashboard goes with it
+            assert worker.wait(60) == 0
+            assert wait_until(lambda: _gone(child), timeout=30)
+        finally:
+            worker.kill()
+            assert worker.stderr is not None
+            worker.stderr.close()
