@@ -149,9 +149,10 @@ class WebProcess:
             )
             self.close()
             return None
-        self._send_state(families=True)  # before any job: the child's baseline
-        self._relay = threading.Thread(target=self._feed, name="delayq-web-relay", daemon=True)
-        self._relay.start()
+        if self.series is not None:  # else the child reads the multiprocess directory
+            self._send_state(families=True)  # before any job: the child's baseline
+            self._relay = threading.Thread(target=self._feed, name="delayq-web-relay", daemon=True)
+            self._relay.start()
         return self.bound
 
     def _send_state(self, *, families: bool) -> None:
@@ -229,6 +230,10 @@ def web_process_main(
     with contextlib.suppress(OSError):
         os.nice(NICE)
     _setup_logging(log_level, log_format)
+    # the worker logs where the dashboard listens; uvicorn's start-up lines are noise here
+    logging.getLogger("uvicorn.error").setLevel(
+        max(logging.WARNING, logging.getLogger("delayq").getEffectiveLevel())
+    )
     app = None
     try:
         app = load_app(target, url) if target is not None else DelayQ(url)
