@@ -29,6 +29,9 @@ from delayq.backends._common import (
     check_limit,
     check_list_cursor,
     check_max_wait,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
     check_result_ttl,
     check_run_at,
     check_spec,
@@ -60,6 +63,7 @@ from delayq.backends.sqlite._schema import (
     open_connection,
     to_job,
 )
+from delayq.backends.sqlite._search import listed_job, payload_filters, preview_select
 from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
 from delayq.backends.sqlite._wake import WakeChannel
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -147,6 +151,7 @@ class SQLiteBackend(
             "durable",
             "definite_cancel",
             "inspect",
+            "payload_search",
             "recurring",
             "flow_control",
             "results",
@@ -654,18 +659,26 @@ class SQLiteBackend(
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
 
         Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
         ``name`` filter walks ``(name, state, run_at, seq)``: one range per state
         (at most ``limit`` rows each) merged here, so a rare name costs no more
-        than a common one.
+        than a common one. A payload search filters those rows in SQL, and a
+        preview selects only the payload's first characters (:mod:`._search`).
         """
         limit = check_limit(limit)
         cursor = check_list_cursor(after)
-        where = [NOT_EXPIRED]
-        params: list[Any] = [self._cutoff(self._clock.time())]
+        preview = check_preview(preview)
+        searched, search_params = payload_filters(
+            check_payload_contains(payload_contains), check_payload_at(payload_at)
+        )
+        where = [NOT_EXPIRED, *searched]
+        params: list[Any] = [self._cutoff(self._clock.time()), *search_params]
         if name is not None:
             where.append("name = ?")
             params.append(name)
@@ -687,17 +700,18 @@ class SQLiteBackend(
         else:
             states = [s.value for s in JobState] if name is not None else [None]
         index = "INDEXED BY delayq_jobs_name " if name is not None else ""
+        select, cut = (SELECT, []) if preview is None else (preview_select(), [preview])
         rows: list[Any] = []
         with self._read("listing jobs") as conn:
             for one in states:
                 clause = where if one is None else [*where, "state = ?"]
                 rows += conn.execute(
-                    f"{SELECT} {index}WHERE {' AND '.join(clause)} ORDER BY run_at, seq LIMIT ?",
-                    (*params, *([] if one is None else [one]), limit),
+                    f"{select} {index}WHERE {' AND '.join(clause)} ORDER BY run_at, seq LIMIT ?",
+                    (*cut, *params, *([] if one is None else [one]), limit),
                 ).fetchall()
         if len(states) > 1:
             rows.sort(key=lambda r: (r[4], r[0]))  # run_at, seq (COLUMNS)
-        return [to_job(r) for r in rows[:limit]]
+        return [listed_job(r, preview) for r in rows[:limit]]
 
     def next_due(self) -> float | None:
         with self._read("reading the next due time") as conn:
@@ -723,14 +737,16 @@ class SQLiteBackend(
             head = ops.head(conn)
         return Stats.from_counts(counts, due=due, next_due=head)
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
+        select, cut = (SELECT, []) if preview is None else (preview_select(), [preview])
         with self._read("listing dead letters") as conn:
             rows = conn.execute(
-                f"{SELECT} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
-                (limit,),
+                f"{select} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
+                (*cut, limit),
             ).fetchall()
-        return [to_job(r) for r in rows]
+        return [listed_job(r, preview) for r in rows]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
