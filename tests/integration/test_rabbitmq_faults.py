@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import pika
@@ -23,8 +24,10 @@ import pytest
 
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
+from delayq.clock import SYSTEM_CLOCK, SystemClock
 from delayq.errors import BackendUnavailable, PayloadTooLarge, StaleClaim
 from delayq.job import Claim, JobSpec
+from delayq.worker._decide import Decision, decide
 from tests._util import wait_until
 from tests.integration.test_rabbitmq_backend import claim_within
 from tests.rabbitmq_support import (
@@ -360,6 +363,51 @@ def test_a_consumer_the_broker_cancels_consumes_again(
         assert health["alive"] and health["cancels"] + health["resubscribes"] >= 1, health
     finally:
         worker.close()
+
+
+# -- misfire and lateness on the clocks that decide "due" ------------------------------
+
+
+class Behind(SystemClock):
+    """A producer host's wall clock, 3 s slow (NTP not converged yet, a VM resumed)."""
+
+    __slots__ = ()
+
+    def time(self) -> float:
+        return SYSTEM_CLOCK.time() - 3.0
+
+
+def test_a_producer_whose_clock_is_behind_makes_no_job_late_or_skipped(queue: str) -> None:
+    producer = RabbitMQBackend(vhost_url(), queue=queue, clock=Behind())
+    worker = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        producer.enqueue([replace(job("j", 0.3), misfire="skip")])  # skipped if 1 s late
+        [claim] = claim_within(worker, 1)
+        assert claim.claimed_at - claim.job.run_at > 2.5  # what the two wall clocks say
+        assert claim.claimed_at - claim.due < 1.0
+        assert decide(claim, claim.claimed_at, ran=False) is None  # it runs
+    finally:
+        worker.close()
+        producer.close()
+
+
+def test_a_job_left_waiting_in_the_ready_queue_is_late_whatever_the_producers_clock(
+    queue: str,
+) -> None:
+    producer = RabbitMQBackend(vhost_url(), queue=queue, clock=Behind())
+    worker = RabbitMQBackend(vhost_url(), queue=queue)  # not consuming until its claim
+    try:
+        producer.enqueue([replace(job("j", 0.3), misfire="skip")])
+        started = SYSTEM_CLOCK.monotonic()
+        assert wait_until(lambda: queue_depth(worker._topology.ready_queue) == 1, timeout=30)
+        assert wait_until(lambda: SYSTEM_CLOCK.monotonic() - started > 4.5, timeout=30)
+        [claim] = claim_within(worker, 1)
+        assert 2.5 < claim.claimed_at - claim.due < 10.0  # about 4.2 s: due, not consumed
+        verdict = decide(claim, claim.claimed_at, ran=False)
+        assert isinstance(verdict, Decision) and verdict.outcome == "skipped"
+    finally:
+        worker.close()
+        producer.close()
 
 
 # -- a busy worker hands back what it cannot start, not the jobs due first -------------

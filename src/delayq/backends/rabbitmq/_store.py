@@ -33,7 +33,7 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq._arbiter import Arbiter
-from delayq.backends.rabbitmq._claims import Held, expired, judge
+from delayq.backends.rabbitmq._claims import Held, due_on_worker, expired, judge
 from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
@@ -303,7 +303,10 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             with self._lock:
                 self._held[token] = Held(delivery, message, attempts, mono + lease, sid)
             _OWNERS[token] = self
-            claims.append(Claim(job, token, wall + lease, wall))
+            due = due_on_worker(
+                message.run_at, wall, mono - delivery.due, delivery.entered, message.local
+            )
+            claims.append(Claim(job, token, wall + lease, wall, due_at=due))
         if ended:
             finishes = [[m.id, m.ver, "", "dead", None, m.last_error] for m in ended]
             burials += [(None, r) for r in self._record("F", f=finishes, at=wall)]
