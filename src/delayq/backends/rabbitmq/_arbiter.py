@@ -85,17 +85,35 @@ class Arbiter:
     def append(self, kind: str, action: str, before: Sequence[Outgoing] = (), **fields: Any) -> Any:
         """Append a record (after ``before``, in the same batch) and return its answer, once
         this handle's reader has folded it."""
+        [answer] = self.append_all([(kind, fields)], action, before)
+        return answer
+
+    def append_all(
+        self,
+        records: Sequence[tuple[str, dict[str, Any]]],
+        action: str,
+        before: Sequence[Outgoing] = (),
+        after: Sequence[Outgoing] = (),
+    ) -> list[Any]:
+        """Append ``records`` (kind, fields) in one batch between ``before`` and ``after``
+        and return their answers, once this handle's reader has folded them."""
         self.start()
-        token = secrets.token_hex(8)
+        tokens = [secrets.token_hex(8) for _ in records]
         with self._cond:
             self._check_open()
-            self._waiting[token] = _PENDING
+            for token in tokens:
+                self._waiting[token] = _PENDING
         try:
-            self._publish([*before, self.outgoing(kind, token, **fields)], action)
-            return self._answer(token, action)
+            appended = [
+                self.outgoing(kind, token, **fields)
+                for (kind, fields), token in zip(records, tokens, strict=True)
+            ]
+            self._publish([*before, *appended, *after], action)
+            return [self._answer(token, action) for token in tokens]
         finally:
             with self._cond:
-                self._waiting.pop(token, None)
+                for token in tokens:
+                    self._waiting.pop(token, None)
 
     def _answer(self, token: str, action: str) -> Any:
         deadline = SYSTEM_CLOCK.monotonic() + self._settings.confirm_timeout

@@ -9,8 +9,14 @@ Records (JSON bodies, ``k`` their kind; ``t`` the token its writer waits on, ``a
 the writer's wall clock):
 
 * ``E`` enqueue: ``[id, ver, run_at, attempts, message]`` per job of one ``enqueue``
-  (or a requeued dead letter, :func:`enqueued`); each becomes a SCHEDULED entry at its
-  version ``ver``, its message (JSON text) decoded only when a call needs it.
+  (or a requeued dead letter, :func:`enqueued`), and ``c``, the call's ``on_conflict``
+  (``replace`` when absent: a requeue, or an older writer); the record is decided
+  whole by the one rule every store keeps (``_common.resolve_conflicts``) against
+  the entries it meets: refused (its answer is the ``JobConflict`` message, nothing
+  applied), or each job a SCHEDULED entry at its version ``ver`` (its message, JSON
+  text, decoded only when a call needs it), kept or replaced; the answer is the
+  outcomes. An entry of the same ``ver`` is this very job (a start came first, or
+  the record was sent again after a reconnect).
 * ``S`` start: ``[id, ver, attempt, returns, lease_until, sid]`` per claimed delivery,
   appended before its handler runs; each wins (the claim runs) or loses (the
   delivery is dropped): see :meth:`View.start`.
@@ -38,9 +44,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from delayq.backends._common import RELEASED_NOTE, clip_error
+from delayq.backends._common import RELEASED_NOTE, clip_error, resolve_conflicts
 from delayq.backends.rabbitmq._claims import EARLY_GUARD, expired_error, expired_note
 from delayq.backends.rabbitmq._message import JobMessage, decode, encode
+from delayq.errors import JobConflict
 from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
 __all__ = ["FINISHED_KEEP", "SKEW", "Entry", "View", "enqueued", "record"]
@@ -66,6 +73,17 @@ def enqueued(message: JobMessage) -> list[Any]:
 def record(kind: str, token: str = "", **fields: Any) -> bytes:
     """A record's body."""
     return json.dumps({"k": kind, "t": token, **fields}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class _Enqueued:
+    """One job of an enqueue record."""
+
+    id: str
+    ver: str
+    run_at: float
+    attempts: int
+    text: str
 
 
 @dataclass(slots=True)
@@ -145,6 +163,9 @@ class View:
         self.result_ttl = result_ttl
         self.entries: dict[str, Entry] = {}
         self._finished: deque[tuple[float, str, int]] = deque()  # (at, id, seq)
+        # Versions of refused enqueue records: their copies lose their start even where
+        # no entry has their id (a start of an unknown id wins otherwise).
+        self._refused: dict[str, float] = {}  # ver -> when refused, oldest first
         self.applied = 0  # records folded
 
     # -- the fold -------------------------------------------------------------------
@@ -158,9 +179,7 @@ class View:
             return "", None
         self._forget(at)
         if kind == "E":
-            for item in data["m"]:
-                self.enqueue(item, at)
-            return token, None
+            return token, self.enqueue(data["m"], str(data.get("c", "replace")), at)
         if kind == "S":
             return token, [self.start(item, at) for item in data["s"]]
         if kind == "F":
@@ -195,21 +214,46 @@ class View:
             entry = self.entries.get(job_id)
             if entry is not None and entry.seq == seq:
                 del self.entries[job_id]
+        while self._refused:
+            ver, refused_at = next(iter(self._refused.items()))
+            if refused_at + self.result_ttl > at and len(self._refused) <= FINISHED_KEEP:
+                break
+            del self._refused[ver]
 
-    def enqueue(self, item: Sequence[Any], at: float) -> None:
-        """``item``: ``[id, ver, run_at, attempts, message]`` (:func:`enqueued`)."""
-        job_id, ver, text = str(item[0]), str(item[1]), str(item[4])
-        entry = self.entries.get(job_id)
-        if entry is not None and entry.ver == ver:
-            if entry.body is None and entry.decoded is None:
-                entry.body = text  # its start came first
-            return
-        # New, or the id enqueued again: the new job replaces the old (whose copies are
-        # then of another version, dropped when they come).
-        seq = entry.seq + 1 if entry is not None else 0
-        self.entries[job_id] = Entry(
-            job_id, text, ver, JobState.SCHEDULED, float(item[2]), int(item[3]), at, seq=seq
-        )
+    def enqueue(self, items: Sequence[Sequence[Any]], on_conflict: str, at: float) -> Any:
+        """Fold one enqueue record: its outcomes (values of ``EnqueueOutcome``), or
+        ``["conflict", message]`` when ``on_conflict`` refuses it (nothing applied).
+
+        ``items``: ``[id, ver, run_at, attempts, message]`` each (:func:`enqueued`)."""
+        jobs = [_Enqueued(str(i[0]), str(i[1]), float(i[2]), int(i[3]), str(i[4])) for i in items]
+        existing: dict[str, JobState] = {}
+        for job in jobs:
+            entry = self.entries.get(job.id)
+            if entry is None or entry.ver == job.ver:
+                continue  # new, or this very job (its start came first, a record sent again)
+            if entry.state is JobState.RUNNING and entry.expired(at):
+                existing[job.id] = JobState.DEAD if entry.used_up() else JobState.SCHEDULED
+            else:
+                existing[job.id] = entry.state
+        try:
+            outcomes, final = resolve_conflicts(jobs, existing, on_conflict)
+        except JobConflict as exc:
+            for job in jobs:
+                self._refused[job.ver] = at
+            return ["conflict", str(exc)]
+        for job in final.values():
+            entry = self.entries.get(job.id)
+            if entry is not None and entry.ver == job.ver:
+                if entry.body is None and entry.decoded is None:
+                    entry.body = job.text  # its start came first
+                continue
+            # New, or replacing: the old version's copies are dropped when they come.
+            seq = entry.seq + 1 if entry is not None else 0
+            self.entries[job.id] = Entry(
+                job.id, job.text, job.ver, JobState.SCHEDULED, job.run_at, job.attempts, at,
+                seq=seq,
+            )  # fmt: skip
+        return [outcome.value for outcome in outcomes]
 
     def start(self, item: Sequence[Any], at: float) -> bool:
         """Does this start win? A scheduled job's next attempt does; a running one's only
@@ -220,6 +264,8 @@ class View:
         job_id, ver, sid = str(item[0]), str(item[1]), str(item[5])
         attempt, returns, lease_until = int(item[2]), int(item[3]), float(item[4])
         entry = self.entries.get(job_id)
+        if entry is None and ver in self._refused:
+            return False  # a copy of a job whose enqueue was refused
         if entry is None:  # no enqueue seen (its record is not in the log): never lose a job
             entry = Entry(job_id, None, ver, JobState.SCHEDULED, 0.0, attempt - 1, at)
             self.entries[job_id] = entry
