@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
+from delayq.backends.rabbitmq._publisher import Confirms
 from delayq.clock import SYSTEM_CLOCK, SystemClock
 from delayq.errors import BackendUnavailable, PayloadTooLarge, StaleClaim
 from delayq.job import Claim, JobSpec
@@ -444,6 +446,36 @@ def test_a_busy_worker_hands_its_due_jobs_to_a_worker_with_room(queue: str) -> N
     finally:
         peer.close()
         busy.close()
+
+
+# -- a reconnect in the middle of a batch sends only what was not confirmed -------------
+
+
+def test_a_connection_lost_mid_batch_sends_again_only_the_unconfirmed_jobs(
+    queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RabbitMQBackend(vhost_url(), queue=queue, log=False)
+    real_send = Confirms.send
+    sent: list[int] = []
+
+    def lost_halfway(self: Confirms, messages: Any, timeout: float, done: set[int]) -> None:
+        sent.append(len(messages) - len(done))
+        if len(sent) > 1:
+            return real_send(self, messages, timeout, done)
+        second_half = set(range(len(messages) // 2, len(messages)))
+        confirmed = set(second_half)
+        real_send(self, messages, timeout, confirmed)  # the first half, confirmed
+        done.update(confirmed - second_half)
+        raise pika.exceptions.AMQPConnectionError("the connection closed mid-batch")
+
+    monkeypatch.setattr(Confirms, "send", lost_halfway)
+    try:
+        backend.enqueue([job(f"j{i}", 0) for i in range(200)])
+        assert sent == [200, 100]
+        assert wait_until(lambda: queue_depth(backend._topology.ready_queue) == 200, timeout=30)
+    finally:
+        monkeypatch.undo()
+        backend.close()
 
 
 # -- a publish that the broker does not confirm fails by its deadline -------------------

@@ -122,3 +122,12 @@ def test_a_claim_is_judged_late_on_the_clocks_that_made_it_due(
 ) -> None:
     due = due_on_worker(run_at, T, held_late, entered, local=0.005)
     assert T - due == pytest.approx(lateness, abs=1e-6), case
+
+
+def test_a_delivery_due_more_than_the_guard_ahead_of_the_workers_clock_is_delayed_again() -> None:
+    # A message-ttl policy shortened a level, or a broker node's clock stepped: never early.
+    early = judge(delivery(replace(MESSAGE, run_at=T + 5.0)), wall=T)
+    assert (early.kind, early.error) == ("pass_on", "early by 5.000 s")
+    assert early.message is not None and early.message.more == pytest.approx(5.0)
+    within = judge(delivery(replace(MESSAGE, run_at=T + 1.5)), wall=T)
+    assert within.kind == "run"  # within the clock skew hosts are assumed to keep
