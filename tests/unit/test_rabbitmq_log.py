@@ -189,3 +189,22 @@ def test_an_enqueue_record_without_on_conflict_replaces_as_older_writers_did() -
     log = Log()
     enqueue_as(log, None, message())
     assert enqueue_as(log, None, message("j", "v2")) == ["replaced"]
+
+
+def test_a_view_that_keeps_no_messages_keeps_where_each_one_is_and_still_decides() -> None:
+    view = View(3600.0, keep_messages=False)
+    record_body = record("E", "t", m=[enqueued(message(max_attempts=1))], at=T0, c="reject")
+    assert view.apply(record_body, offset=7)[1] == ["created"]
+    entry = view.snapshot("j")
+    assert entry is not None and entry.unread and entry.where == (7, 0)
+    assert entry.body is None and entry.max_attempts == 1
+    [won] = view.apply(record("S", "t", s=[["j", "v1", 1, 0, T0 + 30, "a"]], at=T0))[1]
+    assert won
+    # Its lease ran out on its last attempt: dead, judged without the message.
+    assert view.apply(record("C", "t", id="j", at=T0 + 60))[1] == CancelOutcome.FINISHED
+    view.apply(record("E", "t", m=[enqueued(message("k"))], at=T0), offset=8)
+    base = view.entries["k"].seq
+    moved = record("R", "t", id="k", ver="v2", run_at=T0 + 5, base=base, at=T0)
+    assert view.apply(moved)[1] == RescheduleOutcome.RESCHEDULED
+    kept = view.snapshot("k")
+    assert kept is not None and kept.where == (8, 0) and kept.run_at == T0 + 5
