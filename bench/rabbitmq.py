@@ -138,19 +138,52 @@ SYSTEMS: list[load.System] = [
 
 
 def measure_enqueue(n: int) -> dict[str, float]:
-    """``DelayQ.schedule`` calls/s from one thread, confirms on (quorum queues)."""
+    """``DelayQ.schedule`` calls/s from one thread, confirms on (quorum queues); the same
+    with ``log=false`` and with ``schedule_many`` batches of 100; and the broker's floor
+    for one thread: pika publishing one message to a quorum queue and waiting for its
+    confirm, call after call (what a ``schedule`` cannot beat)."""
+    rates: dict[str, float] = {}
     with _vhost(_BASE["url"]) as url:
-        app = DelayQ(url, queue="bench-enqueue")
-        try:
-            rates: dict[str, float] = {}
-            for label, delay in (("due in 1 h", 3600.0), ("due now", 0.0)):
+        for query, suffix in (("", ""), ("?log=false", ", log=false")):
+            app = DelayQ(url + query, queue="bench-enqueue")
+            try:
+                for label, delay in (("due in 1 h", 3600.0), ("due now", 0.0)):
+                    started = time.perf_counter()
+                    for i in range(n):
+                        app.schedule("noop", i, delay=delay)
+                    rates[label + suffix] = n / (time.perf_counter() - started)
+                batches = max(1, n // 100)
                 started = time.perf_counter()
-                for i in range(n):
-                    app.schedule("noop", i, delay=delay)
-                rates[label] = n / (time.perf_counter() - started)
-            return rates
-        finally:
-            app.close()
+                for _ in range(batches):
+                    app.schedule_many(
+                        [{"name": "noop", "payload": i, "delay": 3600.0} for i in range(100)]
+                    )
+                rates[f"due in 1 h, schedule_many of 100{suffix} (jobs/s)"] = (
+                    batches * 100 / (time.perf_counter() - started)
+                )
+            finally:
+                app.close()
+        rates["pika floor: one confirmed publish to a quorum queue per call"] = _pika_floor(url, n)
+    return rates
+
+
+def _pika_floor(url: str, n: int) -> float:
+    import pika  # noqa: PLC0415 (main() checks that the driver is installed first)
+
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare("bench-floor", durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        body = b'{"payload": 0}'
+        started = time.perf_counter()
+        for _ in range(n):
+            channel.basic_publish(
+                "", "bench-floor", body, pika.BasicProperties(delivery_mode=2), mandatory=True
+            )
+        return n / (time.perf_counter() - started)
+    finally:
+        connection.close()
 
 
 def _load_average() -> str:
@@ -183,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"## RabbitMQ (load average at start: {_load_average()})\n")
     for label, value in measure_enqueue(300 if args.quick else 3000).items():
-        print(f"- `DelayQ.schedule`, one thread, publisher confirms, {label}: {value:,.0f} calls/s")
+        print(f"- one thread, publisher confirms, {label}: {value:,.0f} calls/s")
     with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
         for rate in rates:
             workload = load.Workload(rate, seconds, horizon, 30.0, max(1, math.ceil(rate / 1000)))

@@ -4,12 +4,15 @@
 
     python -m bench.rabbitmq_memory                # 100,000 due jobs of 1 KiB
     python -m bench.rabbitmq_memory --jobs 20000 --payload 65536
+    python -m bench.rabbitmq_memory --log false    # without the queue's log
 
 Schedules ``--jobs`` jobs due now (batches of 1,000, confirms pipelined), then
 runs a :class:`~delayq.worker.Worker` (default settings, a 5 ms handler) for
 ``--seconds`` while the backlog lasts, and prints the process's resident memory
-before and at its peak, and the deliveries the worker held at most. A worker
-holds at most ``prefetch`` (32) deliveries beyond its claims, whatever the backlog.
+before and at its peak, the deliveries the worker held at most, and the jobs the
+queue's log view held at most. A worker holds at most ``prefetch`` (32) deliveries
+beyond its claims, whatever the backlog; with the log on (the default) every process
+that reads the log also keeps each job not finished (its message) in its view.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--payload", type=int, default=1024, help="payload bytes")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--log", choices=("true", "false"), default="true")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if shutil.which("rabbitmqctl") is None:
         print("skipped: rabbitmqctl is not on PATH")
@@ -60,12 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _ctl("add_vhost", vhost)
     _ctl("set_permissions", "-p", vhost, urlsplit(args.url).username or "guest", ".*", ".*", ".*")
     parts = urlsplit(args.url)
-    url = f"{parts.scheme}://{parts.netloc}/{quote(vhost, safe='')}?queue=memory"
+    url = f"{parts.scheme}://{parts.netloc}/{quote(vhost, safe='')}?queue=memory&log={args.log}"
     try:
         load = os.getloadavg()
         app = DelayQ(url)
         backend: Any = app.backend
         text = '"' + "x" * max(0, args.payload - 2) + '"'
+        opened = _rss_mib()
         started = time.perf_counter()
         for first in range(0, args.jobs, 1000):
             backend.enqueue(
@@ -86,22 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ran += 1
 
         before = _rss_mib()
-        peak, held = before, 0
+        peak, held, viewed = before, 0, 0
         worker = Worker(app).start()
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
             time.sleep(0.2)
             peak = max(peak, _rss_mib())
             held = max(held, backend._consumer.buffered())
+            viewed = max(viewed, len(backend._arbiter._view.entries))
         worker.stop()
         app.close()
         print(
-            f"RabbitMQ worker memory (load average at start {load[0]:.1f}, {load[1]:.1f}, "
-            f"{load[2]:.1f}): {args.jobs:,} due jobs of {args.payload:,} B scheduled in "
+            f"RabbitMQ worker memory, log={args.log} (load average at start {load[0]:.1f}, "
+            f"{load[1]:.1f}, {load[2]:.1f}): {args.jobs:,} due jobs of {args.payload:,} B "
+            f"scheduled in "
             f"{scheduled_in:.1f} s ({args.jobs / scheduled_in:,.0f} jobs/s, batches of 1,000); "
             f"worker default settings ran {ran:,} in {args.seconds:g} s; resident memory "
-            f"{before:.0f} MiB before the worker, {peak:.0f} MiB at most; deliveries held "
-            f"unclaimed at most {held}"
+            f"{opened:.0f} MiB before scheduling, {before:.0f} MiB before the worker (a "
+            f"producer reads the log too), {peak:.0f} MiB at most; deliveries held "
+            f"unclaimed at most {held}; jobs in the log's view at most {viewed:,}"
         )
         return 0
     finally:

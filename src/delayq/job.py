@@ -278,13 +278,22 @@ class Claim:
     ``token`` is a fencing token: ack / retry / bury / extend are rejected with
     :class:`~delayq.errors.StaleClaim` once the lease expired and the job was
     handed to someone else. ``claimed_at`` is the claim time on the backend's
-    clock (used for misfire and lateness).
+    clock; misfire and lateness compare it with :attr:`due`.
     """
 
     job: Job
     token: int
     lease_until: float
     claimed_at: float
+    due_at: float | None = None
+    """The job's due time on ``claimed_at``'s clock when the store judged it on other
+    clocks than the one ``job.run_at`` was set by (RabbitMQ: a producer's wall clock
+    does not decide when its job is due); None: ``job.run_at``."""
+
+    @property
+    def due(self) -> float:
+        """When the job fell due, on the clock of ``claimed_at`` (for misfire and lateness)."""
+        return self.job.run_at if self.due_at is None else self.due_at
 
     @property
     def attempt(self) -> int:
@@ -300,7 +309,7 @@ class Claim:
             name=job.name,
             attempt=self.attempt,
             max_attempts=job.max_attempts,
-            run_at=job.run_at,
+            run_at=self.due,
             claimed_at=self.claimed_at,
             lease_until=self.lease_until,
             created_at=job.created_at,

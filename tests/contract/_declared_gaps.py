@@ -157,10 +157,9 @@ SKIPPED: dict[str, frozenset[str]] = {
 SKIPPED_AT_RUN_TIME: dict[str, frozenset[str]] = {
     "rabbitmq": frozenset(
         {
-            # inspect: the log answers get by id, not list_jobs, stats or next_due, and
-            # enqueue does not check ids (the test lists, counts, or reuses an id)
+            # inspect: the log answers get by id and decides on_conflict, not list_jobs,
+            # stats or next_due (the test lists or counts)
             "test_a_released_job_is_due_again_at_once",
-            "test_a_repeated_id_within_one_batch_conflicts_with_itself",
             "test_ack_after_the_lease_ran_out_is_accepted_while_nobody_else_claimed",
             "test_ack_marks_the_job_succeeded_with_its_outcome",
             "test_backend_matches_the_model",
@@ -169,17 +168,10 @@ SKIPPED_AT_RUN_TIME: dict[str, frozenset[str]] = {
             "test_enqueue_of_an_empty_batch_stores_nothing",
             "test_enqueue_rejects_a_bad_spec_and_stores_nothing_of_the_batch",
             "test_enqueue_returns_one_created_outcome_per_job",
-            "test_keep_leaves_a_finished_job_finished",
-            "test_keep_leaves_the_existing_job_untouched",
             "test_list_jobs_filters_by_a_half_open_due_window",
             "test_list_jobs_filters_by_state_in_run_at_order",
             "test_list_jobs_respects_limit",
             "test_next_due_is_the_earliest_scheduled_job",
-            "test_reject_conflict_raises_and_stores_nothing_of_the_batch",
-            "test_reject_is_the_default_on_conflict",
-            "test_replace_of_a_finished_job_schedules_it_again",
-            "test_replace_of_a_running_job_raises_conflict_and_stores_nothing_of_the_batch",
-            "test_replace_overwrites_a_scheduled_job_and_resets_attempts",
             "test_stats_of_an_empty_store_are_zero",
             "test_cancel_of_a_scheduled_job_cancels_it",
             "test_reschedule_moves_a_scheduled_job_earlier",

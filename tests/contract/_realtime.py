@@ -31,9 +31,10 @@ meaning this way:
 * A call the store answers with :class:`~delayq.errors.Unsupported` skips the
   test with the store's reason, provided the store does not declare the
   feature that call needs (``inspect``, ``definite_cancel``); when it does,
-  the error propagates and the test fails. A store without ``inspect`` keeps
-  no index of job ids, so it cannot tell that an id is taken: a test that
-  enqueues an id it enqueued before (a conflict test) is skipped too.
+  the error propagates and the test fails. A store with neither ``inspect``
+  nor ``definite_cancel`` (a log that decides every race on an id) cannot tell
+  that an id is taken: a test that enqueues an id it enqueued before (a
+  conflict test) is skipped too.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class RealTimeStore:
     # -- calls that need translating ---------------------------------------------
     def enqueue(self, jobs: Sequence[JobSpec], **options: Any) -> list[EnqueueOutcome]:
         specs = list(jobs)
-        if "inspect" not in self._backend.features:
+        if not {"inspect", "definite_cancel"} & self._backend.features:
             ids = [spec.id for spec in specs if isinstance(spec, JobSpec)]
             taken = set(self._jobs).intersection(ids) or {i for i in ids if ids.count(i) > 1}
             if taken:

@@ -23,6 +23,7 @@ from delayq.errors import (
     InvalidInput,
     InvalidOption,
     InvalidPayload,
+    JobConflict,
     StaleClaim,
     Unsupported,
 )
@@ -195,12 +196,32 @@ def test_bad_input_is_rejected_at_the_call(backend: RabbitMQBackend, queue: str)
         backend.enqueue([job("far", 1e12)])
     with pytest.raises(InvalidPayload):
         backend.enqueue([JobSpec(id="p", name="x", payload="{not json", run_at=0.0)])
-    with pytest.raises(Unsupported, match="keep or replace"):
-        app.schedule("x", {}, delay=1, job_id="k", on_conflict="keep")
     with pytest.raises(Unsupported, match="keeps no index"):
         backend.stats()
     with pytest.raises(InvalidOption, match="job_id"):
         backend.cancel(7)  # type: ignore[arg-type]
+
+
+def test_a_taken_job_id_is_refused_kept_or_replaced_as_on_conflict_says(
+    backend: RabbitMQBackend, queue: str
+) -> None:
+    app = DelayQ(backend=backend)
+    assert app.schedule("x", {"v": 1}, delay=60, job_id="k") == "k"
+    with pytest.raises(JobConflict, match="'k' already exists"):
+        app.schedule("x", {"v": 2}, delay=60, job_id="k")  # reject, the default
+    assert app.schedule("x", {"v": 3}, delay=60, job_id="k", on_conflict="keep") == "k"
+    kept = backend.get("k")
+    assert kept is not None and kept.payload == {"v": 1}
+    app.schedule("x", {"v": 4}, delay=0, job_id="k", on_conflict="replace")
+    [claim] = claim_within(backend, 1)
+    assert claim.job.payload == {"v": 4}  # the copies of the first job never start
+    backend.ack(claim)
+    unchecked = RabbitMQBackend(vhost_url(), queue=queue, log=False)
+    try:
+        with pytest.raises(Unsupported, match="log=false"):
+            unchecked.enqueue([job("k", 60)], on_conflict="keep")
+    finally:
+        unchecked.close()
 
 
 def test_an_unreachable_broker_is_a_clear_error() -> None:

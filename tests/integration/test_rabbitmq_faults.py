@@ -16,15 +16,20 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq import RabbitMQBackend
+from delayq.backends.rabbitmq._publisher import Confirms
+from delayq.clock import SYSTEM_CLOCK, SystemClock
 from delayq.errors import BackendUnavailable, PayloadTooLarge, StaleClaim
 from delayq.job import Claim, JobSpec
+from delayq.worker._decide import Decision, decide
 from tests._util import wait_until
 from tests.integration.test_rabbitmq_backend import claim_within
 from tests.rabbitmq_support import (
@@ -362,6 +367,51 @@ def test_a_consumer_the_broker_cancels_consumes_again(
         worker.close()
 
 
+# -- misfire and lateness on the clocks that decide "due" ------------------------------
+
+
+class Behind(SystemClock):
+    """A producer host's wall clock, 3 s slow (NTP not converged yet, a VM resumed)."""
+
+    __slots__ = ()
+
+    def time(self) -> float:
+        return SYSTEM_CLOCK.time() - 3.0
+
+
+def test_a_producer_whose_clock_is_behind_makes_no_job_late_or_skipped(queue: str) -> None:
+    producer = RabbitMQBackend(vhost_url(), queue=queue, clock=Behind())
+    worker = RabbitMQBackend(vhost_url(), queue=queue)
+    try:
+        producer.enqueue([replace(job("j", 0.3), misfire="skip")])  # skipped if 1 s late
+        [claim] = claim_within(worker, 1)
+        assert claim.claimed_at - claim.job.run_at > 2.5  # what the two wall clocks say
+        assert claim.claimed_at - claim.due < 1.0
+        assert decide(claim, claim.claimed_at, ran=False) is None  # it runs
+    finally:
+        worker.close()
+        producer.close()
+
+
+def test_a_job_left_waiting_in_the_ready_queue_is_late_whatever_the_producers_clock(
+    queue: str,
+) -> None:
+    producer = RabbitMQBackend(vhost_url(), queue=queue, clock=Behind())
+    worker = RabbitMQBackend(vhost_url(), queue=queue)  # not consuming until its claim
+    try:
+        producer.enqueue([replace(job("j", 0.3), misfire="skip")])
+        started = SYSTEM_CLOCK.monotonic()
+        assert wait_until(lambda: queue_depth(worker._topology.ready_queue) == 1, timeout=30)
+        assert wait_until(lambda: SYSTEM_CLOCK.monotonic() - started > 4.5, timeout=30)
+        [claim] = claim_within(worker, 1)
+        assert 2.5 < claim.claimed_at - claim.due < 10.0  # about 4.2 s: due, not consumed
+        verdict = decide(claim, claim.claimed_at, ran=False)
+        assert isinstance(verdict, Decision) and verdict.outcome == "skipped"
+    finally:
+        worker.close()
+        producer.close()
+
+
 # -- a busy worker hands back what it cannot start, not the jobs due first -------------
 
 
@@ -396,6 +446,36 @@ def test_a_busy_worker_hands_its_due_jobs_to_a_worker_with_room(queue: str) -> N
     finally:
         peer.close()
         busy.close()
+
+
+# -- a reconnect in the middle of a batch sends only what was not confirmed -------------
+
+
+def test_a_connection_lost_mid_batch_sends_again_only_the_unconfirmed_jobs(
+    queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = RabbitMQBackend(vhost_url(), queue=queue, log=False)
+    real_send = Confirms.send
+    sent: list[int] = []
+
+    def lost_halfway(self: Confirms, messages: Any, timeout: float, done: set[int]) -> None:
+        sent.append(len(messages) - len(done))
+        if len(sent) > 1:
+            return real_send(self, messages, timeout, done)
+        second_half = set(range(len(messages) // 2, len(messages)))
+        confirmed = set(second_half)
+        real_send(self, messages, timeout, confirmed)  # the first half, confirmed
+        done.update(confirmed - second_half)
+        raise pika.exceptions.AMQPConnectionError("the connection closed mid-batch")
+
+    monkeypatch.setattr(Confirms, "send", lost_halfway)
+    try:
+        backend.enqueue([job(f"j{i}", 0) for i in range(200)])
+        assert sent == [200, 100]
+        assert wait_until(lambda: queue_depth(backend._topology.ready_queue) == 200, timeout=30)
+    finally:
+        monkeypatch.undo()
+        backend.close()
 
 
 # -- a publish that the broker does not confirm fails by its deadline -------------------

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("pika")
 
-from delayq.backends.rabbitmq._claims import Held, expired, judge
+from delayq.backends.rabbitmq._claims import Held, due_on_worker, expired, judge
 from delayq.backends.rabbitmq._consumer import Delivery
 from delayq.backends.rabbitmq._message import JobMessage, decode, encode
 
@@ -94,3 +94,40 @@ def test_a_body_with_a_number_out_of_range_is_unreadable(field: tuple[str, str])
     assert value in body
     with pytest.raises(ValueError):
         decode(body.encode())
+
+
+# -- when a claimed job fell due, on the worker's clock -----------------------------------
+
+T = 1_700_000_100.0  # the worker's wall clock at the claim
+
+
+@pytest.mark.parametrize(
+    ("case", "run_at", "entered", "held_late", "lateness"),
+    [
+        # The producer's clock agrees with the broker's stamp: its run_at decides, exactly.
+        ("clocks agree", T - 0.010, T - 0.6, 0.002, 0.010),
+        ("clocks agree, waited 5 s in the ready queue", T - 5.0, T - 5.4, 0.0, 5.0),
+        ("published due: only the producer's clock tells", T - 0.2, None, 0.0, 0.2),
+        # A producer 3 s behind: the broker's stamp (whole seconds) overrules it, never
+        # more late than the stamp allows; this worker's own hold is the floor.
+        ("producer 3 s behind", T - 3.010, T - 0.6, 0.002, 0.002),
+        ("producer 3 s behind, stamp a second old", T - 3.010, T - 1.4, 0.0, 0.395),
+        ("producer 3 s behind, waited 5 s", T - 8.0, T - 5.4, 0.0, 4.395),
+        # A producer ahead: never negative, never less than this worker held it.
+        ("producer 3 s ahead", T + 3.0, T - 0.6, 0.004, 0.004),
+    ],
+)
+def test_a_claim_is_judged_late_on_the_clocks_that_made_it_due(
+    case: str, run_at: float, entered: float | None, held_late: float, lateness: float
+) -> None:
+    due = due_on_worker(run_at, T, held_late, entered, local=0.005)
+    assert T - due == pytest.approx(lateness, abs=1e-6), case
+
+
+def test_a_delivery_due_more_than_the_guard_ahead_of_the_workers_clock_is_delayed_again() -> None:
+    # A message-ttl policy shortened a level, or a broker node's clock stepped: never early.
+    early = judge(delivery(replace(MESSAGE, run_at=T + 5.0)), wall=T)
+    assert (early.kind, early.error) == ("pass_on", "early by 5.000 s")
+    assert early.message is not None and early.message.more == pytest.approx(5.0)
+    within = judge(delivery(replace(MESSAGE, run_at=T + 1.5)), wall=T)
+    assert within.kind == "run"  # within the clock skew hosts are assumed to keep

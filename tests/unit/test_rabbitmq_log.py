@@ -132,3 +132,79 @@ def test_a_start_whose_enqueue_record_is_missing_wins() -> None:
     assert log.start("a") is True  # never lose a job the log does not know
     log.enqueue(message())  # its enqueue record came after its start
     assert log.state() is JobState.RUNNING
+
+
+# -- on_conflict, decided by the enqueue record that comes first ---------------------------
+
+
+def enqueue_as(log: Log, on_conflict: str | None, *messages: JobMessage, at: float = T0) -> Any:
+    fields: dict[str, Any] = {"m": [enqueued(m) for m in messages], "at": at}
+    if on_conflict is not None:
+        fields["c"] = on_conflict
+    return log.put("E", **fields)
+
+
+def starts(log: Log, job_id: str, ver: str) -> bool:
+    [won] = log.put("S", s=[[job_id, ver, 1, 0, T0 + 30, f"s-{ver}"]], at=T0)
+    return bool(won)
+
+
+def test_a_second_enqueue_of_a_taken_id_is_refused_whole_and_its_copies_never_start() -> None:
+    log = Log()
+    assert enqueue_as(log, "reject", message()) == ["created"]
+    answer = enqueue_as(log, "reject", message("new", "v2"), message("j", "v3"))
+    assert answer[0] == "conflict" and "'j' already exists (scheduled)" in answer[1]
+    assert log.view.snapshot("new") is None  # nothing of the refused record is stored
+    assert starts(log, "new", "v2") is False and log.view.snapshot("new") is None
+    assert starts(log, "j", "v3") is False
+    assert starts(log, "j", "v1") is True  # the first job is untouched
+
+
+def test_keep_leaves_the_first_job_and_its_copy_never_starts() -> None:
+    log = Log()
+    enqueue_as(log, "reject", message())
+    assert enqueue_as(log, "keep", message("j", "v2"), message("k", "v3")) == ["kept", "created"]
+    assert starts(log, "j", "v2") is False
+    assert starts(log, "k", "v3") is True
+
+
+def test_replace_takes_a_scheduled_job_over_and_refuses_a_running_one() -> None:
+    log = Log()
+    enqueue_as(log, "reject", message())
+    assert enqueue_as(log, "replace", message("j", "v2")) == ["replaced"]
+    assert starts(log, "j", "v1") is False  # the old version's copy
+    assert starts(log, "j", "v2") is True
+    answer = enqueue_as(log, "replace", message("j", "v3"))
+    assert answer[0] == "conflict" and "'j' is running" in answer[1]
+
+
+def test_a_repeated_id_in_one_record_meets_itself_and_a_record_sent_again_is_the_same_job() -> None:
+    log = Log()
+    assert enqueue_as(log, "reject", message("j", "v1"), message("j", "v2"))[0] == "conflict"
+    assert enqueue_as(log, "keep", message("j", "v1"), message("j", "v2")) == ["created", "kept"]
+    assert enqueue_as(log, "keep", message("j", "v1")) == ["created"]  # resent after a blip
+
+
+def test_an_enqueue_record_without_on_conflict_replaces_as_older_writers_did() -> None:
+    log = Log()
+    enqueue_as(log, None, message())
+    assert enqueue_as(log, None, message("j", "v2")) == ["replaced"]
+
+
+def test_a_view_that_keeps_no_messages_keeps_where_each_one_is_and_still_decides() -> None:
+    view = View(3600.0, keep_messages=False)
+    record_body = record("E", "t", m=[enqueued(message(max_attempts=1))], at=T0, c="reject")
+    assert view.apply(record_body, offset=7)[1] == ["created"]
+    entry = view.snapshot("j")
+    assert entry is not None and entry.unread and entry.where == (7, 0)
+    assert entry.body is None and entry.max_attempts == 1
+    [won] = view.apply(record("S", "t", s=[["j", "v1", 1, 0, T0 + 30, "a"]], at=T0))[1]
+    assert won
+    # Its lease ran out on its last attempt: dead, judged without the message.
+    assert view.apply(record("C", "t", id="j", at=T0 + 60))[1] == CancelOutcome.FINISHED
+    view.apply(record("E", "t", m=[enqueued(message("k"))], at=T0), offset=8)
+    base = view.entries["k"].seq
+    moved = record("R", "t", id="k", ver="v2", run_at=T0 + 5, base=base, at=T0)
+    assert view.apply(moved)[1] == RescheduleOutcome.RESCHEDULED
+    kept = view.snapshot("k")
+    assert kept is not None and kept.where == (8, 0) and kept.run_at == T0 + 5

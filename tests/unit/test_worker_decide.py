@@ -173,3 +173,15 @@ def test_an_unknown_handler_is_handed_back_with_its_attempt_where_the_store_can(
     completion = d.completion(claim(attempt=3))
     assert completion.released and completion.run_at == T0 + 5
     assert "UnknownHandler" in (completion.error or "")
+
+
+def test_misfire_and_lateness_are_judged_on_the_due_time_the_store_reports() -> None:
+    # A store whose producer's clock set run_at 3 s behind its own reports the due time
+    # on the claim's clock (RabbitMQ); the job is on time by it.
+    c = replace(claim(run_at=T0 - 3, claimed_at=T0, misfire="skip"), due_at=T0)
+    assert c.due == T0 and c.context().run_at == T0
+    assert decide(c, T0 + 0.5, ran=False) is None
+    assert decide(c, T0 + 0.5, ran=True) == Decision("succeeded")
+    assert decide(claim(run_at=T0 - 3, misfire="skip"), T0, ran=False) == Decision(
+        "skipped", note="skipped: 3.000s late (misfire policy skip)"
+    )

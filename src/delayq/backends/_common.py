@@ -9,7 +9,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from delayq._validate import (
     MAX_ATTEMPTS,
@@ -565,10 +565,19 @@ def conflict_error(job_id: str, state: str, on_conflict: str, *, note: str = "")
     )
 
 
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+_Spec = TypeVar("_Spec", bound=_HasId)
+
+
 def resolve_conflicts(
-    specs: Sequence[JobSpec], existing: Mapping[str, JobState], on_conflict: str
-) -> tuple[list[EnqueueOutcome], dict[str, JobSpec]]:
-    """The ``on_conflict`` decision table for a whole batch, decided before anything is stored.
+    specs: Sequence[_Spec], existing: Mapping[str, JobState], on_conflict: str
+) -> tuple[list[EnqueueOutcome], dict[str, _Spec]]:
+    """The ``on_conflict`` decision table for a whole batch, decided before anything is stored
+    (``specs``: anything with an ``id``: job specs, or a RabbitMQ log record's jobs).
 
     ``existing`` maps the batch's ids that are stored (and not expired) to their
     state. Returns each spec's outcome and the specs to store by id, in the
@@ -587,7 +596,7 @@ def resolve_conflicts(
     decided for storing, so a refused batch stores nothing.
     """
     outcomes: list[EnqueueOutcome] = []
-    final: dict[str, JobSpec] = {}
+    final: dict[str, _Spec] = {}
     for spec in specs:
         state = JobState.SCHEDULED if spec.id in final else existing.get(spec.id)
         if state is None:

@@ -482,12 +482,12 @@ class GroupCommitter:
             name=claim.job.name,
             attempt=claim.attempt,
             outcome=outcome,
-            lateness=claim.claimed_at - claim.job.run_at,
+            lateness=claim.claimed_at - claim.due,
             duration=entry.duration,
             error=decision.error,
             retry_at=decision.retry_at,
             start_lateness=(
-                claim.claimed_at + (rec.started_mono - rec.mono_claimed) - claim.job.run_at
+                claim.claimed_at + (rec.started_mono - rec.mono_claimed) - claim.due
                 if rec.started
                 else None
             ),

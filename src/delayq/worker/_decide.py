@@ -167,7 +167,7 @@ def decide(
     """
     job = claim.job
     if ran:
-        lateness = (claim.claimed_at if started_at is None else started_at) - job.run_at
+        lateness = (claim.claimed_at if started_at is None else started_at) - claim.due
         if error is None:
             if lateness > _SLOW_NOTE_AFTER:
                 return Decision(
@@ -183,7 +183,7 @@ def decide(
         return _unknown_handler(claim, now, registered, unknown_grace, keep_attempt)
     if job.misfire == "run":
         return None  # the default policy: nothing to parse on the hot path
-    lateness = now - job.run_at
+    lateness = now - claim.due
     try:
         misfire = _misfire(job.misfire)
     except InvalidInput as exc:
@@ -220,7 +220,7 @@ def _unknown_handler(
     claim: Claim, now: float, registered: Sequence[str], grace: float, keep_attempt: bool
 ) -> Decision:
     job = claim.job
-    since = job.run_at
+    since = claim.due
     if job.last_error is not None and (m := _UNKNOWN_SINCE.search(job.last_error)):
         since = min(since, float(m.group(1)))
     known = ", ".join(sorted(registered)) or "none"

@@ -145,7 +145,7 @@ class InFlightTable:
                 rec = InFlight(key, claim, mono_sent, deadline, renew_at)
                 records[key] = rec
                 ready.append(rec)
-                stats.lateness.add(claim.claimed_at - claim.job.run_at)
+                stats.lateness.add(claim.claimed_at - claim.due)
             stats.counts["claimed"] += len(claims)
             self.work.notify(len(claims))
             if renew_at < self.keeper_until:

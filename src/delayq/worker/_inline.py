@@ -95,11 +95,11 @@ def _run_one(app: DelayQ, claim: Claim, keep_attempt: bool) -> JobResult:
         name=job.name,
         attempt=claim.attempt,
         outcome=decision.outcome,
-        lateness=claim.claimed_at - job.run_at,
+        lateness=claim.claimed_at - claim.due,
         duration=duration,
         error=decision.error,
         retry_at=decision.retry_at,
-        start_lateness=claim.claimed_at - job.run_at,
+        start_lateness=claim.claimed_at - claim.due,
     )
 
 

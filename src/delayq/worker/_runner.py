@@ -202,7 +202,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
                 rec.started_mono = mono
                 rec.mark_at = mono + table.mark_after
                 table.stats.start_lateness.add(
-                    claim.claimed_at + (mono - rec.mono_claimed) - job.run_at
+                    claim.claimed_at + (mono - rec.mono_claimed) - claim.due
                 )
         if returning:
             if expired and not table.stopping:

@@ -38,8 +38,8 @@ workers on one queue), ``durable`` (quorum queues, persistent messages,
 publisher confirms, at-least-once dead-lettering between levels) and
 ``definite_cancel`` (the log). It keeps no index of jobs, so it does not offer
 ``list_jobs``, ``stats`` or ``next_due`` (they raise
-:class:`~delayq.errors.Unsupported`), it does not refuse a job id already taken
-(``on_conflict="reject"`` does not check, the later job replaces the earlier;
+:class:`~delayq.errors.Unsupported`); ``on_conflict`` is decided by the log's
+enqueue record (with ``log=false`` nothing can: ``reject`` does not check,
 ``keep`` and ``replace`` raise ``Unsupported``), and claims are handed out in due
 order on each worker only. ``claim(now=...)`` cannot move the broker's time: it is
 checked and otherwise ignored.

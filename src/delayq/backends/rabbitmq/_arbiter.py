@@ -17,7 +17,8 @@ round trip.
 
 The stream keeps every record (no ``x-max-age``): a process that starts reading
 folds the whole history (a record is small, a finished entry is forgotten
-after ``result_ttl``); ``x-max-age`` / ``x-max-length-bytes`` in a policy bound
+after ``result_ttl``, and the view keeps where a job's message is, not the message:
+:meth:`Arbiter.read` fetches it by offset); ``x-max-age`` / ``x-max-length-bytes`` in a policy bound
 it, at the price of forgetting the jobs whose enqueue record was dropped (a
 cancel of one answers ``not_found``, and a start of one wins: no job is lost).
 """
@@ -25,6 +26,7 @@ cancel of one answers ``not_found``, and a start of one wins: no job is lost).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import secrets
 import threading
@@ -33,7 +35,7 @@ from typing import Any
 
 import pika.exceptions
 
-from delayq.backends.rabbitmq._connection import Settings, connect
+from delayq.backends.rabbitmq._connection import Settings, connect, map_errors
 from delayq.backends.rabbitmq._log import Entry, View, record
 from delayq.backends.rabbitmq._publisher import Outgoing
 from delayq.clock import SYSTEM_CLOCK
@@ -69,7 +71,7 @@ class Arbiter:
         self._stream = stream
         self._publish = publish
         self._cond = threading.Condition(threading.Lock())
-        self._view = View(result_ttl)
+        self._view = View(result_ttl, keep_messages=False)
         self._waiting: dict[str, Any] = {}  # token -> answer (_PENDING until folded)
         self._next = 0  # the offset of the next record to fold
         self._connection: Any = None
@@ -85,17 +87,35 @@ class Arbiter:
     def append(self, kind: str, action: str, before: Sequence[Outgoing] = (), **fields: Any) -> Any:
         """Append a record (after ``before``, in the same batch) and return its answer, once
         this handle's reader has folded it."""
+        [answer] = self.append_all([(kind, fields)], action, before)
+        return answer
+
+    def append_all(
+        self,
+        records: Sequence[tuple[str, dict[str, Any]]],
+        action: str,
+        before: Sequence[Outgoing] = (),
+        after: Sequence[Outgoing] = (),
+    ) -> list[Any]:
+        """Append ``records`` (kind, fields) in one batch between ``before`` and ``after``
+        and return their answers, once this handle's reader has folded them."""
         self.start()
-        token = secrets.token_hex(8)
+        tokens = [secrets.token_hex(8) for _ in records]
         with self._cond:
             self._check_open()
-            self._waiting[token] = _PENDING
+            for token in tokens:
+                self._waiting[token] = _PENDING
         try:
-            self._publish([*before, self.outgoing(kind, token, **fields)], action)
-            return self._answer(token, action)
+            appended = [
+                self.outgoing(kind, token, **fields)
+                for (kind, fields), token in zip(records, tokens, strict=True)
+            ]
+            self._publish([*before, *appended, *after], action)
+            return [self._answer(token, action) for token in tokens]
         finally:
             with self._cond:
-                self._waiting.pop(token, None)
+                for token in tokens:
+                    self._waiting.pop(token, None)
 
     def _answer(self, token: str, action: str) -> Any:
         deadline = SYSTEM_CLOCK.monotonic() + self._settings.confirm_timeout
@@ -114,10 +134,47 @@ class Arbiter:
             return answer
 
     def read(self, job_id: str, action: str) -> Entry | None:
-        """The entry of ``job_id`` as of now: read up to a marker appended by this call."""
+        """The entry of ``job_id`` as of now: read up to a marker appended by this call,
+        its message read back from the stream (the view keeps only where it is)."""
         self.append("M", action)
         with self._cond:
-            return self._view.snapshot(job_id)
+            entry = self._view.snapshot(job_id)
+        if entry is not None and entry.unread:
+            assert entry.where is not None
+            offset, index = entry.where
+            entry.body = str(json.loads(self._fetch(offset, action))["m"][index][4])
+        return entry
+
+    def _fetch(self, offset: int, action: str) -> bytes:
+        """The record at ``offset`` (a consumer of its own, from that offset)."""
+        got: list[bytes] = []
+
+        def on_record(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            channel.basic_ack(method.delivery_tag)
+            if not got and int((properties.headers or {}).get("x-stream-offset", -1)) == offset:
+                got.append(body)
+
+        deadline = SYSTEM_CLOCK.monotonic() + self._settings.confirm_timeout
+        with map_errors(self._settings, action):
+            connection = connect(self._settings, name="log read")
+            try:
+                channel = connection.channel()
+                channel.basic_qos(prefetch_count=100)
+                channel.basic_consume(
+                    self._stream, on_record, arguments={"x-stream-offset": offset}
+                )
+                while not got and SYSTEM_CLOCK.monotonic() < deadline:
+                    connection.process_data_events(time_limit=0.2)
+            finally:
+                with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                    connection.close()
+        if not got:
+            raise BackendUnavailable(
+                f"RabbitMQ at {self._settings.url} did not deliver record {offset} of the log "
+                f"stream {self._stream} within {self._settings.confirm_timeout:g} s while "
+                f"trying to {action}"
+            )
+        return got[0]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -189,7 +246,7 @@ class Arbiter:
                 return  # before the offset asked for: folded already
             self._next = offset + 1
             try:
-                token, answer = self._view.apply(body)
+                token, answer = self._view.apply(body, offset)
             except Exception:
                 log.warning("RabbitMQ log %s: record %d unreadable", self._stream, offset)
                 return

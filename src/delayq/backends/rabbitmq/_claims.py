@@ -27,7 +27,16 @@ from delayq.backends._common import undecodable_error
 from delayq.backends.rabbitmq._consumer import Delivery
 from delayq.backends.rabbitmq._message import JobMessage
 
-__all__ = ["DEFAULT_MAX_RETURNS", "EARLY_GUARD", "Held", "Verdict", "expired", "judge"]
+__all__ = [
+    "DEFAULT_MAX_RETURNS",
+    "EARLY_GUARD",
+    "STAMP_STEP",
+    "Held",
+    "Verdict",
+    "due_on_worker",
+    "expired",
+    "judge",
+]
 
 DEFAULT_MAX_RETURNS = 10
 """Returns (a worker stopped or disconnected while holding the job) before a job is buried."""
@@ -37,6 +46,9 @@ EARLY_GUARD = 2.0
 early (a ``message-ttl`` policy shortened a level, a broker node's clock jumped, hosts'
 clocks disagree by more than this): it is delayed again by what is left, never run early.
 Host clocks are assumed to agree within this bound."""
+
+STAMP_STEP = 1.0
+"""The resolution of the broker's dead-letter stamp (``x-death`` ``time``: whole seconds)."""
 
 
 @dataclass(slots=True)
@@ -127,3 +139,26 @@ def expired(held: Held) -> tuple[Literal["again", "bury"], JobMessage]:
         error = expired_error(attempt, message.max_attempts)
         return "bury", replace(message, attempts=attempt, last_error=error)
     return "again", replace(message, attempts=attempt, last_error=expired_note(attempt))
+
+
+def due_on_worker(
+    run_at: float, wall: float, held_late: float, entered: float | None, local: float
+) -> float:
+    """When a job claimed at ``wall`` (this worker's wall clock) fell due, on that clock.
+
+    The clocks that decide "due" are the broker's (the levels' TTLs) and this
+    worker's monotonic clock (the local wait); the producer's wall clock only set
+    ``run_at``. A job is judged late by ``wall - run_at`` (the producer's clock,
+    the one that also sees time spent waiting in the ready queue) while that
+    agrees with the broker: ``entered``, when the last level dead-lettered it
+    (``x-death``, whole seconds, None for a message published to the ready queue
+    directly), bounds its lateness at ``wall - entered - local``. A producer
+    claiming more (its clock is behind) is overruled by the broker's lower
+    bound (``STAMP_STEP`` less: never more late than it was). Never less late
+    than ``held_late``, the seconds this worker held the delivery past its local
+    deadline (monotonic).
+    """
+    late = wall - run_at
+    if entered is not None and late > wall - entered - local:
+        late = wall - entered - STAMP_STEP - local
+    return wall - max(late, held_late, 0.0)

@@ -62,6 +62,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Literal
 
 import pika
@@ -113,6 +114,21 @@ class Delivery:
     due: float = 0.0  # local deadline, monotonic seconds
     note: str | None = None  # the last error to report instead of the message's (a release)
     seq: int = 0  # arrival order: breaks ties between equal due times (FIFO)
+    entered: float | None = None  # broker's wall clock (whole s) it left the levels; None: direct
+
+
+def _entered(properties: Any) -> float | None:
+    """When the last level dead-lettered the message into the ready queue, on the
+    broker's wall clock: the newest ``x-death`` entry's ``time`` (an AMQP timestamp,
+    whole seconds); None for a message published to the ready queue directly."""
+    headers = getattr(properties, "headers", None)
+    deaths = headers.get("x-death") if isinstance(headers, dict) else None
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+        return None
+    stamp = deaths[0].get("time")
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    return float(stamp) if isinstance(stamp, int | float) else None
 
 
 def _due_time(delivery: Delivery) -> float:
@@ -369,6 +385,7 @@ class Consumer:
                 due,
             )
             delivery.seq = next(self._seq)
+            delivery.entered = _entered(properties)
             if delivery.redelivered and message is not None:
                 # Returned by the broker: count the return in a copy before anything
                 # else (so the count survives the next return), see _claims.py.

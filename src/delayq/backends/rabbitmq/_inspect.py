@@ -24,8 +24,8 @@ from delayq.backends.rabbitmq._log import enqueued
 from delayq.backends.rabbitmq._message import JobMessage, new_instance
 from delayq.backends.rabbitmq._publisher import Outgoing
 from delayq.clock import Clock
-from delayq.errors import BackendError, InvalidOption, Unsupported
-from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
+from delayq.errors import BackendError, InvalidOption, JobConflict, Unsupported
+from delayq.job import CancelOutcome, EnqueueOutcome, Job, JobState, RescheduleOutcome
 
 __all__ = ["RabbitMQInspection", "Starting"]
 
@@ -86,14 +86,36 @@ class RabbitMQInspection:
         return [sid if ok else "" for sid, ok in zip(sids, won, strict=True)]
 
     def _enqueued(self, messages: Sequence[JobMessage], now: float) -> list[Outgoing]:
-        """The log's enqueue records of ``messages``."""
+        """The log's enqueue records of ``messages`` that nobody waits for (a requeued
+        dead letter replaces its dead entry)."""
+        return [self._arbiter.outgoing("E", **fields) for fields in self._batches(messages, now)]
+
+    def _batches(
+        self, messages: Sequence[JobMessage], now: float, **fields: Any
+    ) -> list[dict[str, Any]]:
         if not self._log_on:
             return []
         items = [enqueued(m) for m in messages]
         return [
-            self._arbiter.outgoing("E", m=items[i : i + _LOG_BATCH], at=now)
+            {"m": items[i : i + _LOG_BATCH], "at": now, **fields}
             for i in range(0, len(items), _LOG_BATCH)
         ]
+
+    def _enqueue_decided(
+        self, messages: Sequence[JobMessage], jobs: Sequence[Outgoing], on_conflict: str, now: float
+    ) -> list[EnqueueOutcome]:
+        """Publish ``jobs`` (the messages' copies) after their enqueue records and return
+        what the log decided for each (see ``View.enqueue``): every copy is published at
+        once, and the copies of a refused or kept job lose their start when they come.
+        A batch is decided 1,000 jobs (one record) at a time."""
+        records = [("E", fields) for fields in self._batches(messages, now, c=on_conflict)]
+        answers = self._arbiter.append_all(records, "schedule a job", after=jobs)
+        outcomes: list[EnqueueOutcome] = []
+        for answer in answers:
+            if answer and answer[0] == "conflict":
+                raise JobConflict(str(answer[1]))
+            outcomes += [EnqueueOutcome(value) for value in answer]
+        return outcomes
 
     @staticmethod
     def _ended(item: Completion, held: Held) -> list[Any]:

@@ -9,8 +9,14 @@ Records (JSON bodies, ``k`` their kind; ``t`` the token its writer waits on, ``a
 the writer's wall clock):
 
 * ``E`` enqueue: ``[id, ver, run_at, attempts, message]`` per job of one ``enqueue``
-  (or a requeued dead letter, :func:`enqueued`); each becomes a SCHEDULED entry at its
-  version ``ver``, its message (JSON text) decoded only when a call needs it.
+  (or a requeued dead letter, :func:`enqueued`), and ``c``, the call's ``on_conflict``
+  (``replace`` when absent: a requeue, or an older writer); the record is decided
+  whole by the one rule every store keeps (``_common.resolve_conflicts``) against
+  the entries it meets: refused (its answer is the ``JobConflict`` message, nothing
+  applied), or each job a SCHEDULED entry at its version ``ver`` (its message, JSON
+  text, decoded only when a call needs it), kept or replaced; the answer is the
+  outcomes. An entry of the same ``ver`` is this very job (a start came first, or
+  the record was sent again after a reconnect).
 * ``S`` start: ``[id, ver, attempt, returns, lease_until, sid]`` per claimed delivery,
   appended before its handler runs; each wins (the claim runs) or loses (the
   delivery is dropped): see :meth:`View.start`.
@@ -27,7 +33,10 @@ the writer's wall clock):
   appended before the call (``get``).
 
 Finished entries are kept ``result_ttl`` seconds after they finished (by the times
-in later records) and at most ``FINISHED_KEEP`` of them, oldest first.
+in later records) and at most ``FINISHED_KEEP`` of them, oldest first. A view fed
+with stream offsets (``keep_messages=False``, the arbiter's) keeps where each job's
+message is (``Entry.where``) instead of the message, so its memory does not grow
+with payload sizes; a reader that needs the message fetches that record.
 """
 
 from __future__ import annotations
@@ -38,9 +47,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from delayq.backends._common import RELEASED_NOTE, clip_error
+from delayq.backends._common import RELEASED_NOTE, clip_error, resolve_conflicts
 from delayq.backends.rabbitmq._claims import EARLY_GUARD, expired_error, expired_note
 from delayq.backends.rabbitmq._message import JobMessage, decode, encode
+from delayq.errors import JobConflict
 from delayq.job import CancelOutcome, Job, JobState, RescheduleOutcome
 
 __all__ = ["FINISHED_KEEP", "SKEW", "Entry", "View", "enqueued", "record"]
@@ -60,7 +70,7 @@ _ENDS = {"succeeded": JobState.SUCCEEDED, "skipped": JobState.SKIPPED, "dead": J
 def enqueued(message: JobMessage) -> list[Any]:
     """An enqueue record's entry for ``message``."""
     text = encode(replace(message, local=0.0, more=0.0)).decode()
-    return [message.id, message.ver, message.run_at, message.attempts, text]
+    return [message.id, message.ver, message.run_at, message.attempts, text, message.max_attempts]
 
 
 def record(kind: str, token: str = "", **fields: Any) -> bytes:
@@ -68,12 +78,32 @@ def record(kind: str, token: str = "", **fields: Any) -> bytes:
     return json.dumps({"k": kind, "t": token, **fields}, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class _Enqueued:
+    """One job of an enqueue record."""
+
+    id: str
+    ver: str
+    run_at: float
+    attempts: int
+    text: str
+    max_attempts: int
+    index: int  # its place in the record
+
+
+def _max_attempts(item: Sequence[Any]) -> int:
+    """An enqueue item's ``max_attempts`` (an older writer's item: read from its message)."""
+    if len(item) > 5:
+        return int(item[5])
+    return int(json.loads(str(item[4]))["max_attempts"])
+
+
 @dataclass(slots=True)
 class Entry:
     """What the log says of one job id."""
 
     id: str
-    body: str | None  # the live version's message as JSON text (None: its start came first)
+    body: str | None  # the live version's message as JSON text (None: not held, see ``where``)
     ver: str
     state: JobState
     run_at: float
@@ -86,17 +116,25 @@ class Entry:
     outcome: str | None = None
     seq: int = 0  # changes so far (a reschedule's base)
     decoded: JobMessage | None = None  # ``body`` decoded, once needed
+    max_attempts: int = 0  # the message's (0: no enqueue record seen)
+    where: tuple[int, int] | None = None  # (stream offset, index) of its enqueue record's job
 
     @property
     def message(self) -> JobMessage | None:
-        """The live version's message (None: a start came before its enqueue record)."""
+        """The live version's message (None: a start came before its enqueue record, or
+        the view does not hold it: :attr:`unread`)."""
         if self.decoded is None and self.body is not None:
             self.decoded = decode(self.body.encode())
         return self.decoded
 
     @message.setter
     def message(self, message: JobMessage) -> None:
-        self.decoded, self.body = message, None
+        self.decoded, self.body, self.where = message, None, None
+
+    @property
+    def unread(self) -> bool:
+        """Its message is in the stream only (at :attr:`where`), not in the view."""
+        return self.where is not None and self.body is None and self.decoded is None
 
     def expired(self, at: float) -> bool:
         """A running entry whose lease ran out by ``at`` (a writer's clock), by more than
@@ -104,7 +142,7 @@ class Entry:
         return self.state is JobState.RUNNING and self.lease_until + SKEW <= at
 
     def used_up(self) -> bool:
-        return self.message is not None and self.attempts >= self.message.max_attempts
+        return self.max_attempts > 0 and self.attempts >= self.max_attempts
 
     def job(self, now: float) -> Job | None:
         """The job as ``get`` shows it at ``now`` (a lapsed lease settled as a claim would)."""
@@ -114,7 +152,7 @@ class Entry:
         if self.expired(now):
             state = JobState.DEAD if self.used_up() else JobState.SCHEDULED
             error = (
-                expired_error(self.attempts, self.message.max_attempts)
+                expired_error(self.attempts, self.max_attempts)
                 if state is JobState.DEAD
                 else expired_note(self.attempts)
             )
@@ -123,16 +161,26 @@ class Entry:
         )
         return replace(job, lease_until=lease) if state is JobState.RUNNING else job
 
+    def movable(self, at: float) -> bool:
+        """Can a reschedule at ``at`` move it (it has a message, is not finished, and is
+        not running under a live lease)?"""
+        if (self.message is None and self.where is None) or self.state in _FINISHED:
+            return False
+        return not (self.state is JobState.RUNNING and not self.expired(at))
+
+    def moved_error(self) -> str | None:
+        """The last error a moved job carries."""
+        return expired_note(self.attempts) if self.state is JobState.RUNNING else self.last_error
+
     def moved(self, ver: str, run_at: float, at: float) -> JobMessage | None:
-        """The message a reschedule to ``run_at`` publishes (None: nothing to move)."""
-        if self.message is None or self.state in _FINISHED:
+        """The message a reschedule to ``run_at`` publishes (None: nothing to move, or
+        its message is not read: :attr:`unread`)."""
+        if not self.movable(at) or self.message is None:
             return None
-        if self.state is JobState.RUNNING and not self.expired(at):
-            return None
-        error = expired_note(self.attempts) if self.state is JobState.RUNNING else self.last_error
         return replace(
-            self.message, ver=ver, run_at=run_at, attempts=self.attempts, last_error=error
-        )
+            self.message, ver=ver, run_at=run_at, attempts=self.attempts,
+            last_error=self.moved_error(),
+        )  # fmt: skip
 
 
 class View:
@@ -141,15 +189,22 @@ class View:
     Not thread-safe: the arbiter calls it under its lock.
     """
 
-    def __init__(self, result_ttl: float) -> None:
+    def __init__(self, result_ttl: float, *, keep_messages: bool = True) -> None:
         self.result_ttl = result_ttl
+        # False: an entry keeps where its message is in the stream, not the message (a
+        # process's memory then grows by a small entry per job, whatever its payload).
+        self.keep_messages = keep_messages
         self.entries: dict[str, Entry] = {}
         self._finished: deque[tuple[float, str, int]] = deque()  # (at, id, seq)
+        # Versions of refused enqueue records: their copies lose their start even where
+        # no entry has their id (a start of an unknown id wins otherwise).
+        self._refused: dict[str, float] = {}  # ver -> when refused, oldest first
         self.applied = 0  # records folded
 
     # -- the fold -------------------------------------------------------------------
-    def apply(self, body: bytes) -> tuple[str, Any]:
-        """Fold one record; returns its token and its answer (None for an unreadable one)."""
+    def apply(self, body: bytes, offset: int | None = None) -> tuple[str, Any]:
+        """Fold one record (``offset``: its place in the stream); returns its token and its
+        answer (None for an unreadable one)."""
         self.applied += 1
         try:
             data = json.loads(body)
@@ -158,9 +213,7 @@ class View:
             return "", None
         self._forget(at)
         if kind == "E":
-            for item in data["m"]:
-                self.enqueue(item, at)
-            return token, None
+            return token, self.enqueue(data["m"], str(data.get("c", "replace")), at, offset)
         if kind == "S":
             return token, [self.start(item, at) for item in data["s"]]
         if kind == "F":
@@ -195,21 +248,57 @@ class View:
             entry = self.entries.get(job_id)
             if entry is not None and entry.seq == seq:
                 del self.entries[job_id]
+        while self._refused:
+            ver, refused_at = next(iter(self._refused.items()))
+            if refused_at + self.result_ttl > at and len(self._refused) <= FINISHED_KEEP:
+                break
+            del self._refused[ver]
 
-    def enqueue(self, item: Sequence[Any], at: float) -> None:
-        """``item``: ``[id, ver, run_at, attempts, message]`` (:func:`enqueued`)."""
-        job_id, ver, text = str(item[0]), str(item[1]), str(item[4])
-        entry = self.entries.get(job_id)
-        if entry is not None and entry.ver == ver:
-            if entry.body is None and entry.decoded is None:
-                entry.body = text  # its start came first
-            return
-        # New, or the id enqueued again: the new job replaces the old (whose copies are
-        # then of another version, dropped when they come).
-        seq = entry.seq + 1 if entry is not None else 0
-        self.entries[job_id] = Entry(
-            job_id, text, ver, JobState.SCHEDULED, float(item[2]), int(item[3]), at, seq=seq
-        )
+    def enqueue(
+        self, items: Sequence[Sequence[Any]], on_conflict: str, at: float, offset: int | None = None
+    ) -> Any:
+        """Fold one enqueue record: its outcomes (values of ``EnqueueOutcome``), or
+        ``["conflict", message]`` when ``on_conflict`` refuses it (nothing applied).
+
+        ``items``: ``[id, ver, run_at, attempts, message]`` each (:func:`enqueued`)."""
+        jobs = [
+            _Enqueued(str(i[0]), str(i[1]), float(i[2]), int(i[3]), str(i[4]), _max_attempts(i), n)
+            for n, i in enumerate(items)
+        ]
+        existing: dict[str, JobState] = {}
+        for job in jobs:
+            entry = self.entries.get(job.id)
+            if entry is None or entry.ver == job.ver:
+                continue  # new, or this very job (its start came first, a record sent again)
+            if entry.state is JobState.RUNNING and entry.expired(at):
+                existing[job.id] = JobState.DEAD if entry.used_up() else JobState.SCHEDULED
+            else:
+                existing[job.id] = entry.state
+        try:
+            outcomes, final = resolve_conflicts(jobs, existing, on_conflict)
+        except JobConflict as exc:
+            for job in jobs:
+                self._refused[job.ver] = at
+            return ["conflict", str(exc)]
+        for job in final.values():
+            entry = self.entries.get(job.id)
+            if entry is None or entry.ver != job.ver:
+                # New, or replacing: the old version's copies are dropped when they come.
+                seq = entry.seq + 1 if entry is not None else 0
+                entry = Entry(
+                    job.id, None, job.ver, JobState.SCHEDULED, job.run_at, job.attempts, at,
+                    seq=seq,
+                )  # fmt: skip
+                self.entries[job.id] = entry
+            elif entry.body is not None or entry.decoded is not None or entry.where is not None:
+                continue  # this very job, enqueued again (a record sent twice)
+            # Its message (or where it is), also for an entry its start made first.
+            entry.max_attempts = job.max_attempts
+            if self.keep_messages or offset is None:
+                entry.body = job.text
+            else:
+                entry.where = (offset, job.index)
+        return [outcome.value for outcome in outcomes]
 
     def start(self, item: Sequence[Any], at: float) -> bool:
         """Does this start win? A scheduled job's next attempt does; a running one's only
@@ -220,6 +309,8 @@ class View:
         job_id, ver, sid = str(item[0]), str(item[1]), str(item[5])
         attempt, returns, lease_until = int(item[2]), int(item[3]), float(item[4])
         entry = self.entries.get(job_id)
+        if entry is None and ver in self._refused:
+            return False  # a copy of a job whose enqueue was refused
         if entry is None:  # no enqueue seen (its record is not in the log): never lose a job
             entry = Entry(job_id, None, ver, JobState.SCHEDULED, 0.0, attempt - 1, at)
             self.entries[job_id] = entry
@@ -275,8 +366,7 @@ class View:
     def _lapse(self, entry: Entry, at: float) -> bool:
         """A running entry whose lease ran out on its last attempt is dead (True)."""
         if entry.expired(at) and entry.used_up():
-            assert entry.message is not None
-            entry.last_error = expired_error(entry.attempts, entry.message.max_attempts)
+            entry.last_error = expired_error(entry.attempts, entry.max_attempts)
             self._change(entry, JobState.DEAD, at)
             return True
         return False
@@ -304,11 +394,10 @@ class View:
             return None
         if entry.state in _FINISHED or self._lapse(entry, at):
             return RescheduleOutcome.FINISHED
-        moved = entry.moved(ver, run_at, at)
-        if moved is None:
+        if not entry.movable(at):
             return RescheduleOutcome.RUNNING
-        entry.message, entry.ver, entry.run_at = moved, ver, run_at
-        entry.last_error = moved.last_error
+        # The message stays the first version's: the entry's fields override it.
+        entry.ver, entry.run_at, entry.last_error = ver, run_at, entry.moved_error()
         self._change(entry, JobState.SCHEDULED, at)
         if entry.attempts:
             return RescheduleOutcome.RESCHEDULED_AFTER_ATTEMPT

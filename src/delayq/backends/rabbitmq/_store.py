@@ -33,7 +33,7 @@ from delayq.backends._common import (
 )
 from delayq.backends.base import Completion
 from delayq.backends.rabbitmq._arbiter import Arbiter
-from delayq.backends.rabbitmq._claims import Held, expired, judge
+from delayq.backends.rabbitmq._claims import Held, due_on_worker, expired, judge
 from delayq.backends.rabbitmq._connection import Settings
 from delayq.backends.rabbitmq._consumer import Adopted, Consumer, Delivery
 from delayq.backends.rabbitmq._dead import BURIED_AT, ERROR, DeadLetters
@@ -194,15 +194,21 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
     def enqueue(
         self, jobs: Sequence[JobSpec], *, on_conflict: OnConflict = "reject"
     ) -> list[EnqueueOutcome]:
-        """Publish each job into the levels; returns once the broker confirmed every one.
+        """Publish each job into the levels; returns once the broker confirmed every one
+        and the queue's log decided ``on_conflict`` (``View.enqueue``: the rule of
+        every store, up to 1,000 jobs at a time).
 
-        Job ids are not checked for uniqueness (see the module docstring). A
-        batch is checked whole before anything is published; a broker failure
-        in the middle of a batch leaves the jobs published before it.
+        With ``log=false`` nothing can tell that an id is taken: ``reject`` stores
+        the job unchecked (a reused id runs twice), ``keep`` and ``replace`` raise
+        ``Unsupported``. A batch is checked whole before anything is published; a
+        broker failure in the middle of a batch leaves the jobs published before it.
         """
         policy = check_on_conflict(on_conflict)
-        if policy != "reject":
-            raise self._unsupported(f"keep or replace an existing job (on_conflict={policy!r})")
+        if policy != "reject" and not self._log_on:
+            raise Unsupported(
+                f"the RabbitMQ store was opened with log=false, so it cannot tell that a job "
+                f"id is taken (on_conflict={policy!r}): open it with its log (the default)"
+            )
         specs = [check_spec(spec) for spec in jobs]
         self._check_open()
         now = self._clock.time()
@@ -214,9 +220,13 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             message = JobMessage.from_spec(spec, run_at, now)
             messages.append(message)
             outgoing.append(self._outgoing(message, run_at - now))
+        if not specs:
+            return []
+        if not self._log_on:
+            self._publisher.publish(outgoing, "schedule a job")
+            return [EnqueueOutcome.CREATED] * len(specs)
         # The log's records first (a start that comes before its enqueue record wins anyway).
-        self._publisher.publish([*self._enqueued(messages, now), *outgoing], "schedule a job")
-        return [EnqueueOutcome.CREATED] * len(specs)
+        return self._enqueue_decided(messages, outgoing, policy, now)
 
     # -- workers -----------------------------------------------------------------
     def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
@@ -303,7 +313,10 @@ class RabbitMQBackend(RabbitMQInspection, CompletesInBatches):
             with self._lock:
                 self._held[token] = Held(delivery, message, attempts, mono + lease, sid)
             _OWNERS[token] = self
-            claims.append(Claim(job, token, wall + lease, wall))
+            due = due_on_worker(
+                message.run_at, wall, mono - delivery.due, delivery.entered, message.local
+            )
+            claims.append(Claim(job, token, wall + lease, wall, due_at=due))
         if ended:
             finishes = [[m.id, m.ver, "", "dead", None, m.last_error] for m in ended]
             burials += [(None, r) for r in self._record("F", f=finishes, at=wall)]
