@@ -141,6 +141,11 @@ class WebProcess:
         except (EOFError, OSError):
             self._proc.join(5)
             reason = f"it exited with code {self._proc.exitcode}"
+        if reason is None and self.series is not None:
+            try:  # before any job: the child's baseline
+                self._send_state(families=True)
+            except (OSError, ValueError):
+                reason = "it exited as it started"
         if reason is not None:
             log.warning(
                 "cannot serve the dashboard on 127.0.0.1:%d (%s); this worker runs without it",
@@ -150,7 +155,6 @@ class WebProcess:
             self.close()
             return None
         if self.series is not None:  # else the child reads the multiprocess directory
-            self._send_state(families=True)  # before any job: the child's baseline
             self._relay = threading.Thread(target=self._feed, name="delayq-web-relay", daemon=True)
             self._relay.start()
         return self.bound
