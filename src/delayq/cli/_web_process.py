@@ -121,6 +121,7 @@ class WebProcess:
                 "cache_seconds": self.cache_seconds,
                 "log_level": str(level).lower(),
                 "log_format": self.log_format,
+                "nice": NICE,
             },
             name="delayq-web",
             daemon=False,
@@ -228,11 +229,12 @@ def web_process_main(
     cache_seconds: float,
     log_level: str,
     log_format: str,
+    nice: int = NICE,
 ) -> None:
     """The dashboard's process: serve until the pipe says stop or closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
-        os.nice(NICE)
+        os.nice(nice)
     _setup_logging(log_level, log_format)
     # the worker logs where the dashboard listens; uvicorn's start-up lines are noise here
     logging.getLogger("uvicorn.error").setLevel(
