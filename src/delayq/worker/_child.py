@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -34,6 +35,7 @@ from delayq.errors import InvalidResult
 from delayq.job import JobContext
 from delayq.worker._childlog import PipeLogHandler
 from delayq.worker._decide import format_error
+from delayq.worker._pipe import FrameReader, write_frame
 
 __all__ = ["ORPHAN_CHECK", "child_main"]
 
@@ -82,7 +84,13 @@ def _forward_logs(conn: Connection, lock: threading.Lock, level: int) -> None:
 
 
 def child_main(
-    target: str, conn: Connection, lease_lost: Any, max_tasks: int, parent: int, *, log_level: int
+    target: str,
+    conn: Connection,
+    lease_lost: tuple[Any, Any],
+    max_tasks: int,
+    parent: int,
+    *,
+    log_level: int,
 ) -> None:
     """The child's whole life (the target of the spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -90,10 +98,12 @@ def child_main(
     _forward_logs(conn, lock, log_level)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
+    fd = conn.fileno()
+
     def send(answer: dict[str, Any]) -> None:
         data = json.dumps(answer).encode()
         with lock:
-            conn.send_bytes(data)
+            write_frame(fd, data)
 
     try:
         app = load_app(target)
@@ -101,13 +111,53 @@ def child_main(
         send({"ready": False, "error": format_error(exc)})
         return
     send({"ready": True})
+    reader = FrameReader(fd)
+    inbox: deque[dict[str, Any]] = deque()  # tasks read from the pipe, not started yet
+    out: dict[str, Any] = {}  # the next frame: the last answer, revokes, the next start
     done = 0
     while True:
         try:
-            data = conn.recv_bytes()
+            _read(reader, inbox, out, block=False)
+            while not inbox:  # nothing to start: say what there is to say, then wait
+                if out:
+                    send(out)
+                    out = {}
+                _read(reader, inbox, out, block=True)
+                _read(reader, inbox, out, block=False)  # a revoke sent right behind its task
         except (EOFError, OSError):
+            if out:
+                send(out)
             return  # the parent closed the pipe: stop
-        send(_run(app, json.loads(data), lease_lost))
+        task = inbox.popleft()
+        if task.get("queued"):
+            out["start"] = task["seq"]  # before the handler runs: the parent arms its timeout
+        if out:
+            send(out)
+        out = _run(app, task, lease_lost[task.get("lane", 0)])
+        out["seq"] = task.get("seq")
         done += 1
         if max_tasks and done >= max_tasks:
+            send(out)
             return
+
+
+def _read(
+    reader: FrameReader, inbox: deque[dict[str, Any]], out: dict[str, Any], *, block: bool
+) -> None:
+    """Move what the parent sent into ``inbox``: lists of tasks, and revokes. A
+    revoke takes the tasks it names back out if they have not started, and says so
+    in ``out`` (the next frame); one that came too late is ignored (the parent saw
+    the start). ``block``: wait for a message first; else only look."""
+    frames = reader.frames
+    reader.fill(None if block and not frames else 0)
+    while frames:
+        message: Any = json.loads(frames.popleft())
+        if isinstance(message, list):
+            inbox.extend(message)
+            continue
+        revoke = set(message["revoke"])
+        taken = [task for task in inbox if task["seq"] in revoke]
+        for task in taken:
+            inbox.remove(task)
+        if taken:
+            out.setdefault("revoked", []).extend(task["seq"] for task in taken)
