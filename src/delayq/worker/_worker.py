@@ -42,9 +42,9 @@ class Worker:
     ``concurrency`` handlers run at once. ``prefetch`` more jobs may be claimed
     ahead of free slots while a backlog exists (default ``concurrency // 2``, and
     ``2 * concurrency`` with a process pool; 0 claims only for free slots); each
-    claim asks for at most ``batch`` jobs (default ``concurrency + prefetch``). ``lease`` is how long a claim is held
-    without renewal (renewed every ``lease / 3``); ``grace`` how long
-    :meth:`stop` lets in-flight handlers finish. ``timeout`` (seconds, None for
+    claim asks for at most ``batch`` jobs (default ``concurrency + prefetch``).
+    ``lease`` is how long a claim is held without renewal (renewed every
+    ``lease / 3``); ``grace`` how long :meth:`stop` lets in-flight handlers finish. ``timeout`` (seconds, None for
     none) bounds one attempt of handlers registered without their own
     ``timeout``. A job naming a handler this worker does not know is retried
     by its backoff for ``unknown_handler_grace`` seconds (a rolling deploy)
