@@ -44,17 +44,17 @@ class Worker:
     ``2 * concurrency`` with a process pool; 0 claims only for free slots); each
     claim asks for at most ``batch`` jobs (default ``concurrency + prefetch``).
     ``lease`` is how long a claim is held without renewal (renewed every
-    ``lease / 3``); ``grace`` how long :meth:`stop` lets in-flight handlers
-    finish. ``timeout`` (seconds, None for none) bounds one attempt of handlers
-    registered without their own ``timeout``. A job naming a handler this worker does not know is retried
-    by its backoff for ``unknown_handler_grace`` seconds (a rolling deploy)
-    before it is dead-lettered. ``on_result`` is called (on a handler thread,
-    never under a lock) with a :class:`JobResult` after each attempt is
-    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
-    backend wakes the worker when a job arrives). ``max_abandoned`` (default
-    ``concurrency``) caps the handlers that ran past their timeout and still
-    run (a sync thread, a cancelled coroutine that goes on): at the cap the
-    worker claims nothing more until one ends.
+    ``lease / 3``); ``grace`` how long :meth:`stop` lets in-flight handlers finish.
+    ``timeout`` (seconds, None for none) bounds one attempt of handlers registered
+    without their own ``timeout``. A job naming a handler this worker does not know
+    is retried by its backoff for ``unknown_handler_grace`` seconds (a rolling
+    deploy) before it is dead-lettered. ``on_result`` is called (on a handler
+    thread, never under a lock) with a :class:`JobResult` after each attempt is
+    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the backend
+    wakes the worker when a job arrives). ``max_abandoned`` (default
+    ``concurrency``) caps the handlers that ran past their timeout and still run (a
+    sync thread, a cancelled coroutine that goes on): at the cap the worker claims
+    nothing more until one ends.
 
     ``pool="process"`` runs every handler in one of ``concurrency`` spawned child
     processes instead of on a handler thread: CPU-bound handlers use every core,
