@@ -86,10 +86,11 @@ def _forward_logs(conn: Connection, lock: threading.Lock, level: int) -> None:
 def child_main(
     target: str,
     conn: Connection,
-    lease_lost: tuple[Any, Any],
+    lease_lost: tuple[Any, ...],
     max_tasks: int,
     parent: int,
     *,
+    gate: Any,
     log_level: int,
 ) -> None:
     """The child's whole life (the target of the spawned process)."""
@@ -113,23 +114,25 @@ def child_main(
     send({"ready": True})
     reader = FrameReader(fd)
     inbox: deque[dict[str, Any]] = deque()  # tasks read from the pipe, not started yet
-    out: dict[str, Any] = {}  # the next frame: the last answer, revokes, the next start
+    out: dict[str, Any] = {}  # the next frame: the last answer, the tasks dropped, the next start
     done = 0
     while True:
         try:
-            _read(reader, inbox, out, block=False)
+            _read(reader, inbox, block=False)
             while not inbox:  # nothing to start: say what there is to say, then wait
                 if out:
                     send(out)
                     out = {}
-                _read(reader, inbox, out, block=True)
-                _read(reader, inbox, out, block=False)  # a revoke sent right behind its task
+                _read(reader, inbox, block=True)
         except (EOFError, OSError):
             if out:
                 send(out)
             return  # the parent closed the pipe: stop
         task = inbox.popleft()
         if task.get("queued"):
+            if not gate.acquire(False):  # the parent took its token back: revoked
+                out.setdefault("revoked", []).append(task["seq"])
+                continue
             out["start"] = task["seq"]  # before the handler runs: the parent arms its timeout
         if out:
             send(out)
@@ -141,23 +144,10 @@ def child_main(
             return
 
 
-def _read(
-    reader: FrameReader, inbox: deque[dict[str, Any]], out: dict[str, Any], *, block: bool
-) -> None:
-    """Move what the parent sent into ``inbox``: lists of tasks, and revokes. A
-    revoke takes the tasks it names back out if they have not started, and says so
-    in ``out`` (the next frame); one that came too late is ignored (the parent saw
-    the start). ``block``: wait for a message first; else only look."""
+def _read(reader: FrameReader, inbox: deque[dict[str, Any]], *, block: bool) -> None:
+    """Move the tasks the parent sent (lists of them) into ``inbox``. ``block``:
+    wait for a message first; else only look."""
     frames = reader.frames
     reader.fill(None if block and not frames else 0)
     while frames:
-        message: Any = json.loads(frames.popleft())
-        if isinstance(message, list):
-            inbox.extend(message)
-            continue
-        revoke = set(message["revoke"])
-        taken = [task for task in inbox if task["seq"] in revoke]
-        for task in taken:
-            inbox.remove(task)
-        if taken:
-            out.setdefault("revoked", []).extend(task["seq"] for task in taken)
+        inbox.extend(json.loads(frames.popleft()))

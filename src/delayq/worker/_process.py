@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -139,12 +140,16 @@ class _Child:
 
     ``lease_lost`` holds one event per *lane*: each task queued behind the running
     one takes a lane no other task in the child holds, so a late signal for the
-    task that just ended never reaches the next one."""
+    task that just ended never reaches the next one. ``gate`` is a semaphore
+    holding one token per queued task: the child takes one before it starts a
+    queued task, the parent takes them back to revoke; whoever takes a token
+    decides that task (one atomic step, whatever the other process is doing)."""
 
     __slots__ = (
         "_reader",
         "conn",
         "doomed",
+        "gate",
         "lease_lost",
         "proc",
         "running",
@@ -152,10 +157,11 @@ class _Child:
         "tasks",
     )
 
-    def __init__(self, proc: Any, conn: Connection, lease_lost: tuple[Any, ...]) -> None:
+    def __init__(self, proc: Any, conn: Connection, lease_lost: tuple[Any, ...], gate: Any) -> None:
         self.proc = proc
         self.conn = conn
         self.lease_lost = lease_lost
+        self.gate = gate
         self._reader: FrameReader | None = None  # made on the first read
         self.tasks = 0  # tasks answered
         self.seq = 0  # tasks sent
@@ -261,13 +267,14 @@ class ProcessPool:
     def _spawn(self) -> _Child:
         parent_end, child_end = self._mp.Pipe()
         lease_lost = tuple(self._mp.Event() for _ in range(_LANES))
+        gate = self._mp.Semaphore(0)
         proc = self._mp.Process(
             target=child_main,
             args=(self.target, child_end, lease_lost, self.max_tasks, os.getpid()),
-            kwargs={"log_level": forward_level()},
+            kwargs={"gate": gate, "log_level": forward_level()},
             name="delayq-child",
         )
-        child = _Child(proc, parent_end, lease_lost)
+        child = _Child(proc, parent_end, lease_lost, gate)
         with self._lock:
             if self._closed:
                 raise _Closed
@@ -383,10 +390,11 @@ class ProcessPool:
         :class:`Ran`). A child that died is a failure too (see :class:`Ran`).
 
         While ``first`` (or a task after it) runs, up to ``QUEUE_DEPTH`` tasks from
-        ``driver.ahead()`` wait in the child's pipe, sent in one message; the child
-        says when it starts each (in the frame that answers the one before). The
-        first of them not started by its time is revoked with all behind it; each
-        comes back through ``driver.unstarted`` unless the child started it first.
+        ``driver.ahead()`` wait in the child's pipe, sent in one message, each with
+        a token in the child's gate; the child takes the token and says it starts
+        the task (in the frame that answers the one before). When the first of them
+        has not started by its time, every token still there is taken back: those
+        tasks never run (``driver.unstarted``) and the child drops them.
         """
         try:
             child = self._take()
@@ -411,12 +419,12 @@ class ProcessPool:
         lanes = {first.key: 0}
         running: int | None = first.key
         queued: deque[tuple[int, int, float]] = deque()  # (key, seq, start by), in order
-        revoking = False  # a revoke of everything queued is on its way
+        dropping: set[int] = set()  # revoked; the child has not said it dropped them yet
         released = False
         try:
             child.send([self._message(child, first, lane=0)])
             while running is not None or queued:
-                if running is not None and not revoking:
+                if running is not None and not dropping:
                     batch = []
                     while len(queued) < QUEUE_DEPTH and self._may_queue(child, len(queued)):
                         got = driver.ahead()
@@ -430,15 +438,17 @@ class ProcessPool:
                         batch.append(self._message(child, task, lane=lane, queued=True))
                         queued.append((task.key, child.seq, start_by))
                         names[task.key] = task.name
+                        child.gate.release()  # its token
                     if batch:
                         child.send(batch)
                 timeout = None
-                if queued and not revoking:
+                if queued and queued[0][2] < math.inf:
                     timeout = queued[0][2] - time.monotonic()
                 frame = child.next_frame(timeout)
                 if frame is None:  # the next task waited too long behind the running one
-                    child.send({"revoke": [seq for _, seq, _ in queued]})
-                    revoking = True  # now only the child's word settles it
+                    for key, seq in self._revoke(child, queued):
+                        dropping.add(seq)
+                        driver.unstarted(key)
                     continue
                 ended = running if "seq" in frame else None
                 if ended is not None:
@@ -449,14 +459,7 @@ class ProcessPool:
                     with self._lock:
                         child.running = running
                     driver.started(running)
-                if revoked := frame.get("revoked"):
-                    for key, seq, start_by in list(queued):
-                        if seq in revoked:
-                            queued.remove((key, seq, start_by))
-                            with self._lock:
-                                self._busy.pop(key, None)
-                            driver.unstarted(key)
-                    revoking = revoking and bool(queued)
+                dropping.difference_update(frame.get("revoked", ()))
                 if ended is None:
                     continue
                 with self._lock:
@@ -484,15 +487,35 @@ class ProcessPool:
                     if left is not None:
                         self._busy.pop(left, None)
                 child.running = None
+            # Those whose token is still there never started; the child took the
+            # others' tokens and died before it said it started them: they may have.
+            unstarted = [key for key, _ in self._revoke(child, queued)]
             self._gone(child)
-            for key, _, _ in queued:  # the child never said it started them
+            for key in unstarted:  # last first: each goes to the front of the line
                 driver.unstarted(key)
-            if running is not None:
-                text = (
-                    f"ChildFailed: the process running handler {names[running]!r} "
-                    f"{describe_exit(code)} before the handler returned"
-                )
-                driver.ended(running, Ran((text, text)))
+            for key, _, _ in queued:
+                driver.started(key)  # it may have: it counts as an attempt that failed
+            for died in [running, *(key for key, _, _ in queued)]:
+                if died is not None:
+                    text = (
+                        f"ChildFailed: the process running handler {names[died]!r} "
+                        f"{describe_exit(code)} before the handler returned"
+                    )
+                    driver.ended(died, Ran((text, text)))
+
+    @staticmethod
+    def _revoke(child: _Child, queued: deque[tuple[int, int, float]]) -> list[tuple[int, int]]:
+        """Take back the tokens of ``queued`` the child has not taken: those tasks
+        (the last ones: the child takes tokens in order) are revoked and leave
+        ``queued``, returned as (key, seq), last first; the rest start (the child
+        holds their tokens), so no deadline is kept for them."""
+        revoked: list[tuple[int, int]] = []
+        while queued and child.gate.acquire(False):
+            key, seq, _ = queued.pop()
+            revoked.append((key, seq))
+        for i, (key, seq, _) in enumerate(queued):
+            queued[i] = (key, seq, math.inf)
+        return revoked
 
     def _may_queue(self, child: _Child, queued: int) -> bool:
         """Whether one more task may wait in ``child``'s pipe (``queued`` wait there
