@@ -2,8 +2,13 @@
 
 The child loads the app by its name (``package.module:app``, with the one
 loader), says it is ready, then runs the tasks its parent sends over its pipe,
-one at a time: a task is JSON (handler name, payload, the context's fields), the
-answer is JSON (``ok``, or the error text with its traceback). An async handler
+one at a time, in order: a message is a JSON list of tasks (handler name,
+payload, the context's fields, a sequence number), an answer is JSON (``ok``, or
+the error text with its traceback). A task marked ``queued`` was sent while
+another ran: the child starts it only if it can take its token from the gate
+semaphore (else the parent revoked it: it is dropped and reported as
+``revoked``), and says ``start`` first, in the frame that answers the task
+before. An async handler
 runs to its end in ``asyncio.run``. The child ignores SIGINT (a Ctrl-C on the
 terminal reaches the whole process group; the parent stops gracefully), ends
 when its pipe closes, after ``max_tasks`` tasks, or when its parent is gone

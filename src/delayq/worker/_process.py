@@ -13,7 +13,10 @@ whose attempt starts hands it to an idle child and waits for the answer.
   pool starts ``size`` children and waits until each has loaded the app: an app
   that does not load fails ``Worker.start``, not every job.
 * A task goes to the child as JSON (the payload is JSON data already); the
-  child answers ``ok`` or the error text with the child's traceback.
+  child answers ``ok`` or the error text with the child's traceback. Under a
+  backlog a few more wait in the child's pipe behind the running one (see
+  :meth:`ProcessPool.run`), so the child never idles between tasks while this
+  process records the last; the frames are read with ``_pipe.FrameReader``.
 * A timeout (the runner's watcher) kills the child: SIGTERM, then SIGKILL after
   ``KILL_GRACE`` seconds. Until it is gone the attempt counts as abandoned work,
   so its retry starts only after the child is gone.
