@@ -496,3 +496,11 @@ def test_claims_queued_behind_a_child_that_ends_mid_handler_run_unharmed_elsewhe
         assert pids[1] == pids[2] != pids[0]  # they ran in the replacement
     finally:
         h.stop()
+
+
+def test_a_process_pool_prefetches_twice_its_concurrency_by_default() -> None:
+    app = DelayQ("memory://")
+    assert Worker(app, concurrency=3).prefetch == 1
+    process = Worker(app, concurrency=3, pool="process", app_target=TARGET)
+    assert (process.prefetch, process.batch) == (6, 9)  # feeds the children's queues
+    assert Worker(app, concurrency=3, pool="process", app_target=TARGET, prefetch=0).prefetch == 0
