@@ -598,3 +598,15 @@ def test_the_rabbitmq_command_sets_up_verifies_and_tears_down_a_queue(queue: str
     assert gone.exit_code == 0 and "delayq.v2.ready." in gone.output, gone.output
     again = runner.invoke(cli, ["rabbitmq", "verify", url, "--no-policies"])
     assert again.exit_code == 1 and "missing" in again.output
+
+
+def test_verify_reports_a_feature_flag_the_store_needs_that_is_not_enabled(queue: str) -> None:
+    from delayq.backends.rabbitmq import admin  # noqa: PLC0415
+
+    settings = admin.Settings.parse(vhost_url(queue=queue))
+    admin.setup(settings)
+    fit = admin.verify(settings)  # this broker: every feature flag enabled
+    assert not [p for p in fit.problems if "feature flag" in p], fit.problems
+    flags = {"quorum_queue": "enabled", "stream_queue": "disabled"}
+    unfit = admin.verify(settings, policies=lambda vhost: [], feature_flags=lambda: flags)
+    assert [p for p in unfit.problems if "stream_queue is disabled" in p], unfit.problems
