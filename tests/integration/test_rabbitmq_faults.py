@@ -233,6 +233,24 @@ def test_two_readers_at_once_both_see_every_dead_letter(queue: str) -> None:
         two.close()
 
 
+def test_a_dead_letter_read_in_progress_never_holds_up_schedule(queue: str) -> None:
+    backend = RabbitMQBackend(vhost_url(), queue=queue)
+    scheduled = threading.Event()
+
+    def schedule() -> None:
+        backend.enqueue([job("j", 0)])
+        scheduled.set()
+
+    try:
+        with backend._dead._lock:  # a listing of the dead letters holds it while it reads
+            producer = threading.Thread(target=schedule)
+            producer.start()
+            assert scheduled.wait(30)
+        producer.join()
+    finally:
+        backend.close()
+
+
 def test_a_job_the_broker_drops_from_the_ready_queue_becomes_a_dead_letter(queue: str) -> None:
     backend = RabbitMQBackend(vhost_url(), queue=queue)
     try:
