@@ -237,7 +237,8 @@ class RealTimeStore:
         due = track.due if track.due is not None else (track.lease_until or at)
         track.claimed_due, track.due, track.lease_until = due, None, at + lease
         job = replace(claim.job, run_at=due, lease_until=at + lease, updated_at=at)
-        return replace(claim, job=job, lease_until=at + lease, claimed_at=at)
+        # Test time knows one clock: the due time is the job's (due_at would be real time).
+        return replace(claim, job=job, lease_until=at + lease, claimed_at=at, due_at=None)
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         self._sync()
