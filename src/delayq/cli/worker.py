@@ -1,7 +1,7 @@
 """``delayq worker TARGET``: run an app's handlers, and operate the process.
 
 :class:`WorkerOps` adds what a worker process serves besides its jobs
-(``/metrics``, ``/healthz``, per-job log lines, an embedded dashboard):
+(``/metrics``, ``/healthz``, per-job log lines, a dashboard in a child process):
 ``delayq worker --metrics-port N --health-port H --web-port M --log-format json``
 builds one, passes its :meth:`~WorkerOps.on_result` to the worker and starts it
 with the worker. It is tested without a CLI runner.
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["METRICS_RETRY", "WEB_CACHE_SECONDS", "LogFormat", "WorkerOps", "worker"]
 
 WEB_CACHE_SECONDS = 1.0
-"""How long the embedded dashboard answers a repeated GET from its last answer:
-many pollers then cost the worker about one (``delayq.web._cache``)."""
+"""How long the worker's dashboard answers a repeated GET from its last answer:
+many pollers then cost the store about one (``delayq.web._cache``)."""
 
 METRICS_RETRY = 5.0
 """Seconds between this worker's tries to take over a metrics port a sibling holds."""
@@ -343,7 +343,12 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     default=None,
     help="Serve /healthz here (200 healthy, 503 and why not); also served on --metrics-port.",
 )
-@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
+@click.option(
+    "--web-port",
+    type=int,
+    default=None,
+    help="Serve the dashboard on 127.0.0.1, from a child process (it loads TARGET too).",
+)
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
