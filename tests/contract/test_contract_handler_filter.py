@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import cast
 
 import pytest
@@ -212,6 +213,20 @@ def test_a_filtered_wait_wakes_when_a_job_of_its_names_arrives_before_its_head(
     waiter = FilteredWaiter(backend, 7200, ["fast"])
     assert clock.wait_for_waiters(1)
     backend.enqueue([spec("near", t0 + 60, name="fast")])
+    assert waiter.finished()
+
+
+@pytest.mark.backend_features("handler_filter", "clock", "shared")
+def test_a_filtered_waiter_on_another_handle_is_woken_by_a_new_head_of_its_names(
+    open_another: Callable[..., Backend], clock: FakeClock
+) -> None:
+    producer, worker = open_another(), open_another()
+    t0 = clock.time()
+    producer.enqueue([spec("backlog", t0 - 10, name="slow"), spec("far", t0 + 3600, name="fast")])
+    waiter = FilteredWaiter(worker, 7200, ["fast"])
+    assert clock.wait_for_waiters(1)
+    assert not waiter.finished(timeout=0.05)
+    producer.enqueue([spec("near", t0 + 60, name="fast")])
     assert waiter.finished()
 
 
