@@ -370,18 +370,12 @@ class SQLiteBackend(
             self._wake_gen += 1
             self._cond.notify_all()
 
-    def _wake_if_earlier(self, run_at: float | None, head: float | None) -> None:
-        """After a commit: wake waiters here and in other processes if the head
-        moved earlier (``head``: the queue's, or that of the job's handler, see
-        ``ops.Heads``). Never raises: the change is committed, and a caller that
-        saw an error would retry it (a duplicate); a failed wake-up is logged and
-        counted by the wake channel, and waiters fall back to a bounded wait."""
-        if run_at is None or (head is not None and run_at >= head):
-            return
-        self._wake_all()
-
     def _wake_after(self, heads: ops.Heads) -> None:
-        """After a commit: wake waiters if a job became the earliest of its handler."""
+        """After a commit: wake waiters here and in other processes if a job became
+        the earliest of its handler (``ops.Heads``). Never raises: the change is
+        committed, and a caller that saw an error would retry it (a duplicate); a
+        failed wake-up is logged and counted by the wake channel, and waiters fall
+        back to a bounded wait."""
         if heads.wake:
             self._wake_all()
 
