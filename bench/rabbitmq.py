@@ -158,7 +158,7 @@ def measure_enqueue(n: int) -> dict[str, float]:
                     app.schedule_many(
                         [{"name": "noop", "payload": i, "delay": 3600.0} for i in range(100)]
                     )
-                rates[f"due in 1 h, schedule_many of 100{suffix} (jobs/s)"] = (
+                rates[f"due in 1 h, schedule_many of 100{suffix}"] = (
                     batches * 100 / (time.perf_counter() - started)
                 )
             finally:
@@ -216,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"## RabbitMQ (load average at start: {_load_average()})\n")
     for label, value in measure_enqueue(300 if args.quick else 3000).items():
-        print(f"- one thread, publisher confirms, {label}: {value:,.0f} calls/s")
+        unit = "jobs/s" if "schedule_many" in label else "calls/s"
+        print(f"- one thread, publisher confirms, {label}: {value:,.0f} {unit}")
     with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
         for rate in rates:
             workload = load.Workload(rate, seconds, horizon, 30.0, max(1, math.ceil(rate / 1000)))

@@ -58,6 +58,7 @@ KEYED = frozenset(
         "test_a_released_key_never_overwrites_an_earlier_runs_dead_letter",
         "test_a_throttle_window_outlives_its_runs_purge",
         "test_an_append_call_on_a_key_whose_open_run_is_not_a_batch_starts_its_own",
+        "test_a_keyed_call_into_an_empty_due_set_wakes_a_waiting_worker",
         "test_a_new_run_skips_an_id_a_plain_job_already_holds",
     }
 )

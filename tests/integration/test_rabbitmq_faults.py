@@ -233,6 +233,24 @@ def test_two_readers_at_once_both_see_every_dead_letter(queue: str) -> None:
         two.close()
 
 
+def test_a_dead_letter_read_in_progress_never_holds_up_schedule(queue: str) -> None:
+    backend = RabbitMQBackend(vhost_url(), queue=queue)
+    scheduled = threading.Event()
+
+    def schedule() -> None:
+        backend.enqueue([job("j", 0)])
+        scheduled.set()
+
+    try:
+        with backend._dead._lock:  # a listing of the dead letters holds it while it reads
+            producer = threading.Thread(target=schedule)
+            producer.start()
+            assert scheduled.wait(30)
+        producer.join()
+    finally:
+        backend.close()
+
+
 def test_a_job_the_broker_drops_from_the_ready_queue_becomes_a_dead_letter(queue: str) -> None:
     backend = RabbitMQBackend(vhost_url(), queue=queue)
     try:
@@ -598,3 +616,15 @@ def test_the_rabbitmq_command_sets_up_verifies_and_tears_down_a_queue(queue: str
     assert gone.exit_code == 0 and "delayq.v2.ready." in gone.output, gone.output
     again = runner.invoke(cli, ["rabbitmq", "verify", url, "--no-policies"])
     assert again.exit_code == 1 and "missing" in again.output
+
+
+def test_verify_reports_a_feature_flag_the_store_needs_that_is_not_enabled(queue: str) -> None:
+    from delayq.backends.rabbitmq import admin  # noqa: PLC0415
+
+    settings = admin.Settings.parse(vhost_url(queue=queue))
+    admin.setup(settings)
+    fit = admin.verify(settings)  # this broker: every feature flag enabled
+    assert not [p for p in fit.problems if "feature flag" in p], fit.problems
+    flags = {"quorum_queue": "enabled", "stream_queue": "disabled"}
+    unfit = admin.verify(settings, policies=lambda vhost: [], feature_flags=lambda: flags)
+    assert [p for p in unfit.problems if "stream_queue is disabled" in p], unfit.problems

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("pika")
 
 from delayq.backends.rabbitmq._claims import Held, due_on_worker, expired, judge
-from delayq.backends.rabbitmq._consumer import Delivery
+from delayq.backends.rabbitmq._consumer import ENTERED, Delivery, _entered
 from delayq.backends.rabbitmq._message import JobMessage, decode, encode
 
 MESSAGE = JobMessage(
@@ -131,3 +133,11 @@ def test_a_delivery_due_more_than_the_guard_ahead_of_the_workers_clock_is_delaye
     assert early.message is not None and early.message.more == pytest.approx(5.0)
     within = judge(delivery(replace(MESSAGE, run_at=T + 1.5)), wall=T)
     assert within.kind == "run"  # within the clock skew hosts are assumed to keep
+
+
+def test_the_broker_stamp_is_read_from_x_death_or_from_the_copy_a_worker_published_back() -> None:
+    stamp = datetime.fromtimestamp(T - 1, UTC)
+    deaths = {"x-death": [{"time": stamp, "queue": "L5"}, {"time": stamp, "queue": "L6"}]}
+    assert _entered(SimpleNamespace(headers=deaths)) == T - 1
+    assert _entered(SimpleNamespace(headers={ENTERED: int(T - 2)})) == T - 2
+    assert _entered(SimpleNamespace(headers=None)) is None  # published due: no stamp

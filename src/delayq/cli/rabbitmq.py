@@ -29,12 +29,13 @@ def rabbitmq() -> None:
     "--policies/--no-policies",
     default=True,
     show_default=True,
-    help="Read the virtual host's policies through rabbitmqctl.",
+    help="Read the virtual host's policies and the broker's feature flags through rabbitmqctl.",
 )
 @_JSON_OPTION
 @click.pass_context
 def verify(ctx: click.Context, url: str | None, policies: bool, as_json: bool) -> None:
-    """Broker version, topology, orphans and policies that touch delayq's queues."""
+    """Broker version and feature flags, topology, orphans and policies that touch delayq's
+    queues."""
     from delayq.backends.rabbitmq import admin  # noqa: PLC0415 - needs pika
 
     with _errors():
@@ -42,7 +43,7 @@ def verify(ctx: click.Context, url: str | None, policies: bool, as_json: bool) -
         if policies:
             report = admin.verify(settings)
         else:
-            report = admin.verify(settings, policies=lambda vhost: [])
+            report = admin.verify(settings, policies=lambda vhost: [], feature_flags=lambda: None)
     if as_json:
         _echo_json(
             {

@@ -299,7 +299,10 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     "--prefetch",
     type=click.IntRange(min=0),
     default=None,
-    help="Jobs claimed ahead of free slots under a backlog (default concurrency / 2).",
+    help=(
+        "Jobs claimed ahead of free slots under a backlog (default concurrency / 2; "
+        "2 x concurrency with --pool process)."
+    ),
 )
 @click.option(
     "--timeout",

@@ -43,7 +43,7 @@ from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, Decision
 from delayq.worker._inflight import InFlight, InFlightTable
 
-__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher"]
+__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher", "ready_hold"]
 
 log = logging.getLogger("delayq.worker")
 
@@ -61,6 +61,12 @@ STOPPED_NOTE = (
 
 PREFETCH_PAUSE = 10.0
 """Seconds prefetching stays off after a prefetched claim had to be handed back."""
+
+
+def ready_hold(lease: float) -> float:
+    """Seconds a ready claim may wait while every slot is busy before it is handed
+    back (in this process's ready claims, or queued in a child behind a running task)."""
+    return min(1.0, lease / 3)
 
 
 class Dispatcher:
@@ -91,7 +97,7 @@ class Dispatcher:
             self._wait = functools.partial(filtered.wait_for_due, names=names)
         self._clock = clock
         self._committer = committer
-        self._ready_hold = min(1.0, lease / 3)
+        self._ready_hold = ready_hold(lease)
         self._lease = lease
         self._batch = batch
         self._gather = gather

@@ -19,7 +19,7 @@ from delayq.clock import Clock
 from delayq.errors import ConfigurationError, InvalidOption, QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
-from delayq.worker._dispatcher import Dispatcher
+from delayq.worker._dispatcher import Dispatcher, ready_hold
 from delayq.worker._health import WorkerHealth
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import MARK_AFTER, LeaseKeeper
@@ -40,21 +40,21 @@ class Worker:
     """Run the handlers of ``app`` for due jobs.
 
     ``concurrency`` handlers run at once. ``prefetch`` more jobs may be claimed
-    ahead of free slots while a backlog exists (default ``concurrency // 2``;
-    0 claims only for free slots); each claim asks for at most ``batch`` jobs
-    (default ``concurrency + prefetch``). ``lease`` is how long a claim is held
-    without renewal (renewed every ``lease / 3``); ``grace`` how long
-    :meth:`stop` lets in-flight handlers finish. ``timeout`` (seconds, None for
-    none) bounds one attempt of handlers registered without their own
-    ``timeout``. A job naming a handler this worker does not know is retried
-    by its backoff for ``unknown_handler_grace`` seconds (a rolling deploy)
-    before it is dead-lettered. ``on_result`` is called (on a handler thread,
-    never under a lock) with a :class:`JobResult` after each attempt is
-    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
-    backend wakes the worker when a job arrives). ``max_abandoned`` (default
-    ``concurrency``) caps the handlers that ran past their timeout and still
-    run (a sync thread, a cancelled coroutine that goes on): at the cap the
-    worker claims nothing more until one ends.
+    ahead of free slots while a backlog exists (default ``concurrency // 2``, and
+    ``2 * concurrency`` with a process pool; 0 claims only for free slots); each
+    claim asks for at most ``batch`` jobs (default ``concurrency + prefetch``).
+    ``lease`` is how long a claim is held without renewal (renewed every
+    ``lease / 3``); ``grace`` how long :meth:`stop` lets in-flight handlers finish.
+    ``timeout`` (seconds, None for none) bounds one attempt of handlers registered
+    without their own ``timeout``. A job naming a handler this worker does not know
+    is retried by its backoff for ``unknown_handler_grace`` seconds (a rolling
+    deploy) before it is dead-lettered. ``on_result`` is called (on a handler
+    thread, never under a lock) with a :class:`JobResult` after each attempt is
+    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the backend
+    wakes the worker when a job arrives). ``max_abandoned`` (default
+    ``concurrency``) caps the handlers that ran past their timeout and still run (a
+    sync thread, a cancelled coroutine that goes on): at the cap the worker claims
+    nothing more until one ends.
 
     ``pool="process"`` runs every handler in one of ``concurrency`` spawned child
     processes instead of on a handler thread: CPU-bound handlers use every core,
@@ -63,7 +63,11 @@ class Worker:
     the attempt with its exit signal. Each child loads the app by its name,
     ``app_target`` (``"package.module:app"``; found among the imported modules
     when not given), and gets the payload as JSON. ``max_tasks_per_child``
-    replaces a child after that many jobs (a handler leaking memory).
+    replaces a child after that many jobs (a handler leaking memory). Under a
+    backlog a few prefetched claims wait in a child's pipe behind its running
+    task (they count as ready until the child starts them, and are taken back
+    after the same hold as any prefetched claim), so a child never idles between
+    jobs while this process records the last one.
 
     ``handlers`` (names, default all): the worker serves only those handlers of
     the queue and claims only their jobs, filtered in the store's claim (feature
@@ -104,11 +108,12 @@ class Worker:
         self.handlers = self._handler_filter(handlers)
         self.clock: Clock = app.clock if clock is None else clock
         self.concurrency = _positive_int(concurrency, "concurrency")
-        self.prefetch = (
-            self.concurrency // 2
-            if prefetch is None
-            else _positive_int(prefetch, "prefetch", allow_zero=True)
-        )
+        if prefetch is None:
+            # A process pool's children are fed from the prefetched claims (queued
+            # behind their running task): more of them keeps every child busy.
+            self.prefetch = self.concurrency * 2 if pool == "process" else self.concurrency // 2
+        else:
+            self.prefetch = _positive_int(prefetch, "prefetch", allow_zero=True)
         self.batch = (
             self.concurrency + self.prefetch if batch is None else _positive_int(batch, "batch")
         )
@@ -152,6 +157,7 @@ class Worker:
             name=name,
             timeout=self.timeout,
             unknown_handler_grace=self.unknown_handler_grace,
+            ready_hold=ready_hold(self.lease),
             pool=self._pool,
         )
         self._keeper = LeaseKeeper(

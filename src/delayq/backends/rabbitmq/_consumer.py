@@ -117,14 +117,23 @@ class Delivery:
     entered: float | None = None  # broker's wall clock (whole s) it left the levels; None: direct
 
 
+ENTERED = "delayq-entered"
+"""Header of a copy a worker publishes back (a hand-back, a counted return): the
+stamp of the delivery it copies, which has no ``x-death`` of its own."""
+
+
 def _entered(properties: Any) -> float | None:
     """When the last level dead-lettered the message into the ready queue, on the
     broker's wall clock: the newest ``x-death`` entry's ``time`` (an AMQP timestamp,
-    whole seconds); None for a message published to the ready queue directly."""
+    whole seconds), or the stamp a copy carries (``ENTERED``); None for a message
+    published to the ready queue directly."""
     headers = getattr(properties, "headers", None)
-    deaths = headers.get("x-death") if isinstance(headers, dict) else None
-    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+    if not isinstance(headers, dict):
         return None
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+        copied = headers.get(ENTERED)
+        return float(copied) if isinstance(copied, int) and not isinstance(copied, bool) else None
     stamp = deaths[0].get("time")
     if isinstance(stamp, datetime):
         return stamp.timestamp()
@@ -474,7 +483,8 @@ class Consumer:
                 returns=message.returns + (1 if delivery.redelivered else 0),
                 instance="",
             )
-            copies.append(Outgoing("", self._topology.ready_queue, encode(copy), copy.id))
+            headers = None if delivery.entered is None else {ENTERED: int(delivery.entered)}
+            copies.append(Outgoing("", self._topology.ready_queue, encode(copy), copy.id, headers))
             originals.append(delivery)
         if not copies:
             return

@@ -85,6 +85,25 @@ def _rabbitmqctl(*args: str) -> str | None:
     return out if process.returncode == 0 else None
 
 
+NEEDED_FEATURE_FLAGS = ("quorum_queue", "stream_queue")
+"""Feature flags the store needs: quorum queues, and streams (the dead letters, the
+log, and at-least-once dead-lettering between quorum queues, which falls back to at
+most once without them)."""
+
+
+def read_feature_flags(host: str | None = "") -> dict[str, str] | None:
+    """The broker's feature flags and their state; None when they cannot be read here."""
+    if host not in _LOCAL_HOSTS or shutil.which("rabbitmqctl") is None:
+        return None
+    out = _rabbitmqctl("list_feature_flags", "name", "state", "--formatter", "json")
+    if out is None:
+        return None
+    try:
+        return {str(row["name"]): str(row["state"]) for row in json.loads(out or "[]")}
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
 def read_policies(vhost: str, host: str | None = "") -> list[dict[str, Any]] | None:
     """Policies and operator policies of ``vhost``; None when they cannot be read here
     (no ``rabbitmqctl``, or ``host`` is not this one)."""

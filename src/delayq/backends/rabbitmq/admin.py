@@ -1,7 +1,8 @@
 """Operating the RabbitMQ store: verify a broker, declare the topology, remove a queue.
 
 ``delayq rabbitmq verify|setup|teardown`` calls these. ``verify`` reads the
-broker's version, the topology it finds (passive declares: nothing is created),
+broker's version and feature flags, the topology it finds (passive declares:
+nothing is created),
 the orphans queue's depth, and the policies that apply to delayq's queues,
 through ``rabbitmqctl`` when it is on PATH (a policy can shorten a level's TTL,
 which makes jobs early, or drop jobs from a ready queue); ``setup`` declares the
@@ -22,8 +23,10 @@ import pika.exceptions
 
 from delayq.backends.rabbitmq._connection import Settings, connect, map_errors
 from delayq.backends.rabbitmq._policies import (
+    NEEDED_FEATURE_FLAGS,
     RISKY_POLICY_KEYS,
     problems,
+    read_feature_flags,
     read_policies,
     risky_policies,
 )
@@ -90,6 +93,7 @@ def verify(
     settings: Settings,
     *,
     policies: Callable[[str], list[dict[str, Any]] | None] = read_policies,
+    feature_flags: Callable[[], dict[str, str] | None] = read_feature_flags,
 ) -> Report:
     """Check the broker and the topology of ``settings.queue`` (creates nothing)."""
     topology = Topology(settings.queue, settings.queue_type)
@@ -120,6 +124,19 @@ def verify(
         report.problems.append(
             f"{len(missing)} queue(s) of the topology are missing: run `delayq rabbitmq setup`"
         )
+    flags = feature_flags()
+    if flags is None:
+        report.notes.append(
+            "feature flags not checked (rabbitmqctl is not on PATH): make sure "
+            f"{' and '.join(NEEDED_FEATURE_FLAGS)} are enabled"
+        )
+    for flag in NEEDED_FEATURE_FLAGS:
+        if flags is not None and flags.get(flag) != "enabled":
+            report.problems.append(
+                f"feature flag {flag} is {flags.get(flag, 'unknown')}: enable it "
+                f"(rabbitmqctl enable_feature_flag {flag}); without it dead-lettering "
+                f"between levels is at most once, or the store's streams cannot exist"
+            )
     rows = policies(settings.vhost)
     if rows is None:
         report.notes.append(
