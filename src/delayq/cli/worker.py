@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 
 from delayq._loader import app_target, load_app
 from delayq.app import DelayQ
-from delayq.cli._common import _duration, _errors, _require_durable, _Settings
+from delayq.cli._common import _duration, _errors, _handler_names, _require_durable, _Settings
 from delayq.cli._web_process import WebProcess
 from delayq.cli.web import TOKEN_ENV
 from delayq.errors import ConfigurationError
@@ -324,6 +324,14 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     help="With --pool process: replace a child after this many jobs (memory leaks).",
 )
 @click.option(
+    "--handlers",
+    "handlers",
+    multiple=True,
+    metavar="NAMES",
+    help="Serve only these handlers, comma-separated (a,b): claim only their jobs, so a "
+    "slow handler can have workers of its own (default: every handler of the app).",
+)
+@click.option(
     "--unknown-handler-grace",
     default="5m",
     show_default=True,
@@ -365,6 +373,7 @@ def worker(
     timeout: str | None,
     pool: str,
     max_tasks_per_child: int | None,
+    handlers: tuple[str, ...],
     unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
@@ -405,6 +414,7 @@ def worker(
             pool=pool,
             max_tasks_per_child=max_tasks_per_child,
             app_target=target if pool == "process" else None,
+            handlers=_handler_names(handlers),
         )
     restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
@@ -412,12 +422,14 @@ def worker(
         log.warning(
             "%s opens its own store %s; --url %s is not used", target, app.url, settings.url
         )
+    served = sorted(app.handlers) if w.handlers is None else sorted(w.handlers)
     log.info(
-        "worker %d: %s on %s, handlers: %s; concurrency %d (%s pool), lease %.1fs",
+        "worker %d: %s on %s, handlers: %s%s; concurrency %d (%s pool), lease %.1fs",
         os.getpid(),
         target,
         app.url,
-        ", ".join(sorted(app.handlers)) or "none",
+        ", ".join(served) or "none",
+        "" if w.handlers is None else " only",
         w.concurrency,
         pool,
         w.lease,

@@ -28,13 +28,17 @@ finish or the grace period ends, then hands back what is left (see
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections.abc import Callable
+from typing import cast
 
 from delayq.backends import Backend
-from delayq.backends.base import Completion
+from delayq.backends.base import Completion, FiltersHandlers
 from delayq.clock import Clock
 from delayq.errors import QueueClosed
+from delayq.job import Claim
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, Decision
 from delayq.worker._inflight import InFlight, InFlightTable
@@ -79,9 +83,18 @@ class Dispatcher:
         batch: int,
         gather: int,
         idle_wait: float,
+        names: frozenset[str] | None = None,
     ) -> None:
         self._table = table
         self._backend = backend
+        # Claims and waits, of ``names`` only when the worker serves some handlers
+        # (FiltersHandlers, checked by the Worker): the store filters in its claim.
+        self._claim: Callable[..., list[Claim]] = backend.claim
+        self._wait: Callable[[float], None] = backend.wait_for_due
+        if names is not None:
+            filtered = cast("FiltersHandlers", backend)
+            self._claim = functools.partial(filtered.claim, names=names)
+            self._wait = functools.partial(filtered.wait_for_due, names=names)
         self._clock = clock
         self._committer = committer
         self._ready_hold = ready_hold(lease)
@@ -149,7 +162,7 @@ class Dispatcher:
             with table.lock:
                 table.stuck_call["dispatcher"] = sent
             try:
-                claims = self._backend.claim(limit=limit, lease=self._lease)
+                claims = self._claim(limit=limit, lease=self._lease)
             except QueueClosed:
                 with table.lock:
                     table.stuck_call.pop("dispatcher", None)
@@ -170,7 +183,7 @@ class Dispatcher:
                 table.add_claims_locked(claims, sent, self._lease, full=full)
             if not full:
                 try:
-                    self._backend.wait_for_due(self._budget(self._idle_wait))
+                    self._wait(self._budget(self._idle_wait))
                 except QueueClosed:
                     self._store_closed()
                     return

@@ -6,17 +6,17 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import FrameType
 from typing import Any
 
 from delayq._loader import app_target
-from delayq._validate import check_int, check_option_seconds
+from delayq._validate import check_handler_names, check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
-from delayq.backends.base import ReportsHealth
+from delayq.backends.base import FiltersHandlers, ReportsHealth
 from delayq.clock import Clock
-from delayq.errors import InvalidOption, QueueClosed
+from delayq.errors import ConfigurationError, InvalidOption, QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
 from delayq.worker._dispatcher import Dispatcher, ready_hold
@@ -69,6 +69,13 @@ class Worker:
     after the same hold as any prefetched claim), so a child never idles between
     jobs while this process records the last one.
 
+    ``handlers`` (names, default all): the worker serves only those handlers of
+    the queue and claims only their jobs, filtered in the store's claim (feature
+    ``handler_filter``), so a slow handler can have workers of its own beside
+    workers for the rest. Its waits sleep toward those handlers' next due job.
+    A store without the feature, or a name the app does not register (at
+    :meth:`start`), is a :class:`~delayq.errors.ConfigurationError`.
+
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
     (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
     (handler threads, the event loop, timeouts), the group committer, and the
@@ -94,9 +101,11 @@ class Worker:
         pool: str = "thread",
         max_tasks_per_child: int | None = None,
         app_target: str | None = None,
+        handlers: Collection[str] | None = None,
     ) -> None:
         self.app = app
         self._backend: Backend = app.backend
+        self.handlers = self._handler_filter(handlers)
         self.clock: Clock = app.clock if clock is None else clock
         self.concurrency = _positive_int(concurrency, "concurrency")
         if prefetch is None:
@@ -138,6 +147,7 @@ class Worker:
             batch=self.batch,
             gather=gather,
             on_result=on_result,
+            names=self.handlers,
         )
         self._runner = Runner(
             self._table,
@@ -167,12 +177,38 @@ class Worker:
             batch=self.batch,
             gather=gather,
             idle_wait=self.idle_wait,
+            names=self.handlers,
         )
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._draining = threading.Event()  # set once the dispatcher stopped claiming
         self._crash: BaseException | None = None
         self._starting = False
+
+    def _handler_filter(self, handlers: Collection[str] | None) -> frozenset[str] | None:
+        names = check_handler_names(handlers)
+        if names is None:
+            return None
+        if "handler_filter" not in self._backend.features or not isinstance(
+            self._backend, FiltersHandlers
+        ):
+            raise ConfigurationError(
+                f"handlers= needs a store whose claim filters by handler (feature "
+                f"handler_filter); {self._backend.url} does not: run the worker without it"
+            )
+        return names
+
+    def _check_handlers_registered(self) -> None:
+        """A filtered worker claims only jobs it can run: every name must be registered."""
+        if self.handlers is None:
+            return
+        missing = sorted(n for n in self.handlers if self.app.get_handler(n) is None)
+        if missing:
+            known = sorted(self.app.handlers)
+            raise ConfigurationError(
+                f"handlers= names {', '.join(map(repr, missing))}, which the app does not "
+                f"register (it registers {', '.join(map(repr, known)) or 'none'})"
+            )
 
     def _process_pool(
         self, app: DelayQ, pool: str, max_tasks: int | None, target: str | None
@@ -199,7 +235,9 @@ class Worker:
         """Start claiming in a background thread; returns self.
 
         With a process pool, first starts its children and waits until each has
-        loaded the app (:class:`~delayq.errors.ConfigurationError` if one cannot)."""
+        loaded the app (:class:`~delayq.errors.ConfigurationError` if one cannot).
+        With ``handlers=``, each must be registered in the app (ConfigurationError)."""
+        self._check_handlers_registered()
         with self._table.lock:
             if self._thread is not None or self._starting:
                 raise QueueClosed("this worker was already started; create a new Worker")
