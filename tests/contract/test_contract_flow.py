@@ -302,3 +302,21 @@ def test_a_freed_slot_wakes_a_worker_waiting_for_it(backend: Backend, clock: Fak
     waiter.join(timeout=60)  # woken by the ack, not by the 600 s max_wait
     assert not waiter.is_alive()
     assert ids(backend.claim(limit=2, lease=LEASE, now=t0)) == ["parked"]
+
+
+@needs_flow
+def test_a_slot_freed_before_the_worker_waits_makes_its_parked_job_due(
+    backend: Backend, clock: FakeClock
+) -> None:
+    # The ack comes between the worker's claim and its wait (its wake-up is gone by
+    # then): the wait must find the parked job due, not sleep toward max_wait.
+    limits(backend).put_limit(Limit("k", concurrency=1), version=0)
+    t0 = clock.time()
+    backend.enqueue([keyed("first", t0, "k"), keyed("parked", t0, "k")])
+    [first] = backend.claim(limit=2, lease=LEASE, now=t0)
+    backend.ack(first)
+    waiter = threading.Thread(target=backend.wait_for_due, args=(600.0,))
+    waiter.start()
+    waiter.join(timeout=60)  # returns at once: a job is due
+    assert not waiter.is_alive()
+    assert ids(backend.claim(limit=2, lease=LEASE, now=t0)) == ["parked"]

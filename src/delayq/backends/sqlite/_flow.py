@@ -5,10 +5,11 @@ the limits hold across every process on the file. A job's flow fields are
 columns of ``delayq_jobs``; a job held back keeps its due time in
 ``flow_run_at`` while ``run_at`` says when a claim may look at it again: its
 next allowed time (over its key's rate: ``throttled_until``) or ``PARKED_AT``
-(its key is at its concurrency limit; ``parked = 1``). Each claim first gives
-parked jobs whose key has a free slot their place back, so a freed slot is used
-by the next claim of any process (a worker's own complete-and-claim refills
-it). Each key's rate state (theoretical arrival time) is a row of
+(its key is at its concurrency limit; ``parked = 1``). A completion that frees
+a key's slot gives its parked jobs their place back in the same transaction (so
+a worker that waits after it finds them due), and each claim first does the same
+for every key (a lease that expired, a limit raised), so a freed slot is used by
+the next claim of any process. Each key's rate state (theoretical arrival time) is a row of
 ``delayq_flow_keys``; each group's claims so far, for the groups' turns, a row
 of ``delayq_flow_groups``. A file written without flow control gains the
 columns and tables on open and is otherwise unchanged; until a job with a key,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from delayq.backends._limits import check_limit_args, check_pattern, check_version
@@ -33,6 +34,7 @@ __all__ = [
     "flow_claim_rows",
     "flow_in_use",
     "mark_flow_used",
+    "unpark_keys",
 ]
 
 PARKED_AT = 1e300
@@ -125,14 +127,16 @@ class _Limiter(Admissions):
         ).fetchone()
         return (None, None) if row is None else (row[0], row[1])
 
-    def unpark(self) -> None:
-        """Give parked jobs whose key has a free slot (or no limit now) their place back."""
-        keys = [
-            k
-            for (k,) in self._conn.execute(
-                "SELECT DISTINCT flow_key FROM delayq_jobs WHERE parked = 1"
-            )
-        ]
+    def unpark(self, keys: Collection[str] | None = None) -> None:
+        """Give parked jobs whose key has a free slot (or no limit now) their place
+        back: of every key, or of ``keys``."""
+        if keys is None:
+            keys = [
+                k
+                for (k,) in self._conn.execute(
+                    "SELECT DISTINCT flow_key FROM delayq_jobs WHERE parked = 1"
+                )
+            ]
         for key in keys:
             room = self.room(key)
             if room is None or room > 0:
@@ -162,6 +166,14 @@ _GROUP_CANDIDATES = (
     "FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?{names}) WHERE rn <= ?"
 )
 _ROUNDS = 8  # candidate reads per claim when held-back jobs keep taking their place
+
+
+def unpark_keys(conn: sqlite3.Connection, keys: Collection[str]) -> None:
+    """After completions that freed slots of ``keys``: their parked jobs take their
+    place back in the due set at once (as many as the slots allow), in the
+    completion's transaction. A waiter then finds them due by its own read,
+    also when the wake-up came before it began to wait."""
+    _Limiter(conn).unpark(keys)
 
 
 def flow_claim_rows(

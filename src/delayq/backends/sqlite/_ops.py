@@ -30,7 +30,13 @@ from delayq.backends._common import (
     unstarted_expired_note,
 )
 from delayq.backends.base import Completion
-from delayq.backends.sqlite._flow import flow_claim_rows, flow_in_use, flow_rows, mark_flow_used
+from delayq.backends.sqlite._flow import (
+    flow_claim_rows,
+    flow_in_use,
+    flow_rows,
+    mark_flow_used,
+    unpark_keys,
+)
 from delayq.backends.sqlite._schema import (
     ACK,
     BURY,
@@ -421,6 +427,7 @@ def complete_items(
     learns the due time each retry or release set; a keyed job's end, whose key
     may have parked jobs of any handler, wakes every waiter."""
     results: list[StaleClaim | None] = []
+    freed: set[str] = set()
     for item in items:
         if item.released:
             if item.run_at is None and item.error is None:
@@ -447,8 +454,11 @@ def complete_items(
             continue
         results.append(None)
         if item.claim.job.key is not None:  # a slot freed: a job parked for it may go now
+            freed.add(item.claim.job.key)
             heads.wake = True
         if item.state is JobState.SCHEDULED:
             run_at = item.run_at if item.run_at is not None else item.claim.job.run_at
             heads.scheduled(item.claim.job.name, run_at)
+    if freed:
+        unpark_keys(conn, freed)
     return results
