@@ -47,11 +47,14 @@ class CountChanged(InvalidOption):
 
 @dataclass(frozen=True, slots=True)
 class BulkFilter:
-    """Which jobs: a handler name (None: any) and a due window."""
+    """Which jobs: a handler name (None: any), a due window, and a payload search
+    (``list_jobs(payload_contains=, payload_at=)``: stores with ``payload_search``)."""
 
     name: str | None = None
     due_after: float | None = None
     due_before: float | None = None
+    payload_contains: str | None = None
+    payload_at: tuple[str, str | int | float | bool] | None = None
 
 
 def _check(action: str) -> JobState:
@@ -74,6 +77,9 @@ def match(app: DelayQ, action: str, where: BulkFilter) -> list[str]:
             due_before=where.due_before,
             after=after,
             limit=want,
+            preview=1,  # only ids are needed: no payload read whole
+            payload_contains=where.payload_contains,
+            payload_at=where.payload_at,
         )
         ids += [j.id for j in page]
         if len(page) < want:

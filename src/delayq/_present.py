@@ -7,6 +7,9 @@
 * :func:`job_dict`: a job as JSON data, its times as epoch seconds plus ``run_at_iso``.
 * :func:`error_summary`: why a job failed, in one line: the exception's type and
   message (a traceback's last line), for lists, dead letters and log lines.
+* :func:`payload_value` / :func:`parse_payload_at`: a payload search typed by a person
+  (``customer.id=42``: a JSON number, ``true`` / ``false`` or ``"quoted"`` text is
+  that value, anything else is the text itself).
 * :func:`parse_time` / :func:`parse_when`: a time typed by a person. An ISO 8601 time
   **without an offset is read as UTC** (the dashboard shows UTC, and a browser's
   ``datetime-local`` field sends no offset), so the CLI and the dashboard read the
@@ -32,8 +35,10 @@ __all__ = [
     "iso",
     "job_dict",
     "local",
+    "parse_payload_at",
     "parse_time",
     "parse_when",
+    "payload_value",
     "relative",
 ]
 
@@ -138,6 +143,27 @@ def job_dict(job: Job) -> dict[str, Any]:
         except ValueError:
             data["result"] = job.result
     return data
+
+
+def payload_value(text: str) -> str | int | float | bool:
+    """A value to find in payloads, as typed: ``42``, ``1.5``, ``true``, ``"42"`` (a
+    JSON number, boolean or string) are those; any other text is that string."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, str | bool) or (isinstance(value, int | float) and math.isfinite(value)):
+        return value
+    return text
+
+
+def parse_payload_at(text: str, field: str) -> tuple[str, str | int | float | bool]:
+    """``PATH=VALUE`` (``customer.id=42``, ``$.items[0].sku=A-1``) as
+    ``list_jobs(payload_at=)``; else :class:`~delayq.errors.InvalidOption` naming ``field``."""
+    path, sep, value = text.partition("=")
+    if not sep or not path.strip():
+        raise InvalidOption(f"{field} must be PATH=VALUE, e.g. customer.id=42, got {text!r}")
+    return path.strip(), payload_value(value.strip())
 
 
 def parse_time(text: str, field: str) -> float:

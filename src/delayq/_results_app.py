@@ -1,8 +1,8 @@
 """The app's results: ``app.result(job_id)`` and ``await app.aresult(job_id)``.
 
 A base of :class:`~delayq.app.DelayQ` (see :mod:`delayq.results` for the model).
-Waiting polls ``get`` with a growing pause on the app's clock, so a test's
-fake clock decides when a wait runs out.
+Waiting reads ``get``, then waits for a finish in this process or a growing
+pause on the app's clock, so a test's fake clock decides when a wait runs out.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 from delayq._validate import check_job_id, check_option_seconds
 from delayq.backends import Backend
+from delayq.backends.base import TellsFinishes
 from delayq.clock import Clock
 from delayq.errors import ResultTimeout, Unsupported
-from delayq.results import job_result, poll_pauses
+from delayq.results import FinishedJobs, finished_jobs, job_result, poll_pauses
 
 __all__ = ["AppResults"]
 
@@ -52,24 +53,34 @@ class AppResults:
         record expired). A succeeded job whose handler keeps no result gives None.
         """
         job_id, deadline = self._result_deadline(job_id, timeout)
-        for pause in poll_pauses():
-            done, value = job_result(job_id, self._backend.get(job_id))
-            if done:
-                return value
-            self.clock.sleep(self._pause(pause, deadline, job_id, timeout))
+        with self._finishes().watch(job_id) as finish:
+            for pause in poll_pauses():
+                done, value = job_result(job_id, self._backend.get(job_id))
+                if done:
+                    return value
+                finish.wait(self.clock, self._pause(pause, deadline, job_id, timeout))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aresult(self, job_id: str, *, timeout: float | None = 30.0) -> Any:
-        """:meth:`result` for async code: the store is read in a thread, the pauses
+        """:meth:`result` for async code: the store is read in a thread, the waits
         are ``await``-ed on the app's clock."""
         job_id, deadline = self._result_deadline(job_id, timeout)
-        for pause in poll_pauses():
-            job = await asyncio.to_thread(self._backend.get, job_id)
-            done, value = job_result(job_id, job)
-            if done:
-                return value
-            await self.clock.sleep_async(self._pause(pause, deadline, job_id, timeout))
+        with self._finishes().watch(job_id, asynchronous=True) as finish:
+            for pause in poll_pauses():
+                job = await asyncio.to_thread(self._backend.get, job_id)
+                done, value = job_result(job_id, job)
+                if done:
+                    return value
+                await finish.wait_async(self.clock, self._pause(pause, deadline, job_id, timeout))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _finishes(self) -> FinishedJobs:
+        """This store's finishes in this process, and, where the store can tell them,
+        those of other processes too (:class:`~delayq.backends.base.TellsFinishes`)."""
+        finishes = finished_jobs(self._backend)
+        if isinstance(self._backend, TellsFinishes):
+            self._backend.listen_for_finishes(finishes.notify)
+        return finishes
 
     def _pause(
         self, pause: float, deadline: float | None, job_id: str, timeout: float | None

@@ -181,6 +181,90 @@ def check_list_cursor(after: object) -> tuple[float, str] | None:
     return check_run_at(after[0], "after[0] (run_at)"), after[1]
 
 
+MAX_PREVIEW = 100_000
+"""The longest payload preview a list may ask for (characters)."""
+
+MAX_SEARCH_CHARS = 1000
+"""The longest payload substring or JSON path a search takes."""
+
+_PATH_PART = re.compile(r"([A-Za-z0-9_-]+)|\[([0-9]{1,9})\]")
+
+
+def check_preview(preview: object) -> int | None:
+    """``list_jobs(preview=)``: payloads longer than this many characters of JSON
+    text are listed cut; None lists them whole."""
+    if preview is None:
+        return None
+    if isinstance(preview, bool) or not isinstance(preview, int) or not 1 <= preview <= MAX_PREVIEW:
+        raise InvalidOption(
+            f"preview must be an int in 1..{MAX_PREVIEW} (characters), got {preview!r}"
+        )
+    return preview
+
+
+def check_payload_contains(text: object) -> str | None:
+    """``list_jobs(payload_contains=)``: a substring of the payload's JSON text."""
+    if text is None:
+        return None
+    if not isinstance(text, str) or not text or len(text) > MAX_SEARCH_CHARS:
+        raise InvalidOption(
+            f"payload_contains must be a non-empty str of at most {MAX_SEARCH_CHARS} characters, "
+            f"got {text!r:.80}"
+        )
+    return text
+
+
+PayloadPath = tuple[str | int, ...]
+"""A parsed JSON path: object keys (str) and array indexes (int), outermost first."""
+
+JsonScalar = str | int | float | bool
+
+
+def check_payload_at(at: object) -> tuple[PayloadPath, JsonScalar] | None:
+    """``list_jobs(payload_at=(path, value))``: jobs whose payload holds ``value`` (a
+    JSON string, number or boolean) at ``path``, written ``$.customer.id`` or
+    ``items[0].sku`` (keys of letters, digits, ``_`` and ``-``; ``[n]`` indexes)."""
+    if at is None:
+        return None
+    if not isinstance(at, tuple | list) or len(at) != 2 or not isinstance(at[0], str):
+        raise InvalidOption(
+            f"payload_at must be (path, value), e.g. ('$.user.id', 42), got {at!r:.80}"
+        )
+    path, value = at
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidOption(f"payload_at's value must be finite, got {value!r}")
+    if not isinstance(value, str | int | float | bool):
+        raise InvalidOption(
+            f"payload_at's value must be a JSON string, number or boolean, got {value!r:.80}"
+        )
+    return parse_payload_path(path), value
+
+
+def parse_payload_path(path: str) -> PayloadPath:
+    text = path.strip()
+    if len(text) > MAX_SEARCH_CHARS:
+        raise InvalidOption(f"a payload path has at most {MAX_SEARCH_CHARS} characters")
+    rest = text[1:] if text.startswith("$") else "." + text
+    parts: list[str | int] = []
+    while rest:
+        dotted = rest.startswith(".")
+        match = _PATH_PART.match(rest[1:] if dotted else rest)
+        if (
+            match is None
+            or (dotted and match.group(1) is None)
+            or (not dotted and match.group(2) is None)
+        ):
+            break
+        parts.append(match.group(1) if dotted else int(match.group(2)))
+        rest = rest[match.end() + (1 if dotted else 0) :]
+    if rest or not parts:
+        raise InvalidOption(
+            f"a payload path looks like $.customer.id or items[0].sku (keys of letters, "
+            f"digits, _ and -), got {path!r:.80}"
+        )
+    return tuple(parts)
+
+
 def format_time(epoch: float) -> str:
     """Epoch seconds as a readable UTC timestamp (for error messages)."""
     try:

@@ -211,6 +211,9 @@ class AsyncDelayQ:
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         return await asyncio.to_thread(
             self.app.list_jobs,
@@ -220,13 +223,16 @@ class AsyncDelayQ:
             limit=limit,
             name=name,
             after=after,
+            preview=preview,
+            payload_contains=payload_contains,
+            payload_at=payload_at,
         )
 
     async def stats(self) -> Stats:
         return await asyncio.to_thread(self.app.stats)
 
-    async def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        return await asyncio.to_thread(self.app.dead_letters, limit=limit)
+    async def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        return await asyncio.to_thread(self.app.dead_letters, limit=limit, preview=preview)
 
     async def requeue(
         self,

@@ -25,6 +25,7 @@ schedules' methods are a base class in :mod:`delayq._recurring_app`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -55,11 +56,14 @@ from delayq._validate import (
     check_job_id,
     check_limit,
     check_option_seconds,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
 )
 from delayq.backends import Backend, open_backend
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.codec import DEFAULT_MAX_PAYLOAD_BYTES
-from delayq.errors import ConfigurationError, InvalidOption
+from delayq.errors import ConfigurationError, InvalidOption, Unsupported
 from delayq.job import (
     DEFAULT_MAX_ATTEMPTS,
     CancelOutcome,
@@ -77,6 +81,7 @@ from delayq.job import (
 from delayq.keyed import KeyedMode, KeyedResult, KeyPolicy, Unique
 from delayq.recurring.model import TICK_HANDLER
 from delayq.recurring.schedules import RecurringSchedules
+from delayq.results import finished_jobs
 from delayq.task import Task
 
 __all__ = [
@@ -363,9 +368,10 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         groups are claimed in turn, so one group's backlog cannot starve the
         others. They never make a job run before it is due.
 
-        ``connection`` (PostgreSQL only: a psycopg connection, or a SQLAlchemy
-        ``Connection`` / ``Session``) writes the job inside that connection's
-        transaction: it exists if and only if the caller's transaction commits.
+        ``connection`` (PostgreSQL only: a psycopg connection, a SQLAlchemy
+        ``Connection`` / ``Session``, or Django's ``django.db.connection``) writes
+        the job inside that connection's transaction: it exists if and only if the
+        caller's transaction commits.
 
         Keyed calls (stores with the ``keyed`` feature; ``job_id`` is the key,
         see :mod:`delayq.keyed` and :meth:`schedule_keyed` for the outcome):
@@ -553,6 +559,8 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         """Cancel a scheduled job: cancelled, running, finished or not found."""
         job_id = check_job_id(job_id)
         outcome = self._backend.cancel(job_id)
+        if outcome.cancelled:
+            finished_jobs(self._backend).notify([job_id])  # wakes a result() waiting for it
         for hook in self._hooks:
             try:
                 hook.after_cancel(job_id, outcome)
@@ -589,10 +597,20 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs (optionally of one state, handler ``name``, due within a window) in
         due-time order; ``after=(job.run_at, job.id)`` of a page's last job gives
-        the next page (keyset pagination, see ``Backend.list_jobs``)."""
+        the next page (keyset pagination, see ``Backend.list_jobs``).
+
+        ``preview=n`` lists a payload longer than ``n`` characters of JSON as a
+        :class:`~delayq.job.PayloadPreview` (a store without it lists it whole).
+        ``payload_contains`` (a substring of the payload's JSON) and
+        ``payload_at=(path, value)`` (e.g. ``("$.customer.id", 42)``) search the
+        payloads on a store with ``payload_search`` in its ``features`` (memory,
+        SQLite, PostgreSQL); others raise :class:`~delayq.errors.Unsupported`."""
         if state is not None:
             try:
                 state = JobState(state)
@@ -604,6 +622,20 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
             extra["name"] = check_name(name)
         if after is not None:
             extra["after"] = self._cursor(after)
+        if payload_contains is not None or payload_at is not None:
+            check_payload_contains(payload_contains)
+            check_payload_at(payload_at)
+            if "payload_search" not in self._backend.features:
+                raise Unsupported(
+                    f"the {type(self._backend).__name__} store cannot search payloads "
+                    "(it would read every payload to filter them); filter by handler "
+                    "name, state or due time"
+                )
+            extra.update(payload_contains=payload_contains, payload_at=payload_at)
+        if preview is not None:
+            check_preview(preview)
+            if "preview" in _parameters(self._backend.list_jobs):
+                extra["preview"] = preview
         return self._backend.list_jobs(
             state=state,
             due_after=None if due_after is None else check_datetime(due_after, "due_after"),
@@ -616,9 +648,15 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
         """Counts by state and the next due time."""
         return self._backend.stats()
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        """Dead jobs with their last error, most recently buried first."""
-        return self._backend.dead_letters(limit=check_limit(limit))
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        """Dead jobs with their last error, most recently buried first; ``preview`` as
+        in :meth:`list_jobs`."""
+        extra: dict[str, Any] = {}
+        if check_preview(preview) is not None and "preview" in _parameters(
+            self._backend.dead_letters
+        ):
+            extra["preview"] = preview
+        return self._backend.dead_letters(limit=check_limit(limit), **extra)
 
     def requeue(
         self,
@@ -702,3 +740,9 @@ class DelayQ(JobBuilder, AppLimits, AppRecurring, AppResults, AppCommitHook):
 
     def __repr__(self) -> str:
         return f"DelayQ({self._backend.url!r}, handlers={sorted(self._handlers)})"
+
+
+def _parameters(method: Any) -> Mapping[str, Any]:
+    """The parameters of a store's method (an older or third-party store may lack
+    the newest keywords: they are passed only where it takes them)."""
+    return inspect.signature(method).parameters

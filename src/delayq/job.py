@@ -31,6 +31,7 @@ __all__ = [
     "KeyInfo",
     "Misfire",
     "OnConflict",
+    "PayloadPreview",
     "RescheduleOutcome",
     "Stats",
     "check_on_conflict",
@@ -244,6 +245,17 @@ class Job:
     throttled_until: float | None = None  # due, but over its key's rate until then
     keyed: KeyInfo | None = None  # the current job of a keyed call's key (delayq.keyed)
     result: str | None = None  # a succeeded job's return value as JSON text (None: none kept)
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadPreview:
+    """A payload a list shows cut (``list_jobs(preview=n)``): the first ``n``
+    characters of its stored JSON text and the length of the whole text. The
+    store cuts it where it reads, so a list of big payloads stays small;
+    ``get`` returns the whole payload."""
+
+    text: str
+    chars: int
 
 
 @dataclass(frozen=True, slots=True)

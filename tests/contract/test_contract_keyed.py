@@ -23,6 +23,7 @@ from delayq.keyed import KeyedOutcome, KeyedResult, KeyPolicy
 from delayq.testing import FakeClock
 from tests.contract._registry import BackendFactory
 from tests.contract._support import spec
+from tests.contract.test_contract import Waiter
 
 needs_keyed = pytest.mark.backend_features("keyed")
 LEASE = 30.0
@@ -395,3 +396,23 @@ def test_a_new_run_skips_an_id_a_plain_job_already_holds(
     result = call(backend, DEBOUNCE, "b")
     assert (result.id, result.outcome) == ("k#3", KeyedOutcome.CREATED)  # ...past k#2
     assert payload_of(backend, "k#2") == "plain" and payload_of(backend, "k#3") == "b"
+
+
+# -- waking -----------------------------------------------------------------------
+
+
+@needs_keyed
+@pytest.mark.backend_features("clock")
+@pytest.mark.parametrize(
+    "policy", [DEBOUNCE, THROTTLE, UNTIL_FINISHED, APPEND], ids=lambda p: p.describe()
+)
+def test_a_keyed_call_into_an_empty_due_set_wakes_a_waiting_worker(
+    backend: Backend, clock: FakeClock, policy: KeyPolicy
+) -> None:
+    # An idle worker sleeps until its longest wait: the call that gives the due set
+    # its only job must wake it (its due time is the new head).
+    waiter = Waiter(backend, max_wait=7200)
+    assert clock.wait_for_waiters(1)
+    assert not waiter.done.is_set()
+    call(backend, policy, {"n": 1}, delay=60)
+    assert waiter.finished()

@@ -209,6 +209,31 @@ def test_jobs_filter_by_name_and_page_forward(browser: Browser, site: Site) -> N
     assert pages == 3  # 11 jobs, 5 a page
 
 
+def test_jobs_search_by_payload_substring_and_json_path(browser: Browser, site: Site) -> None:
+    app = site.app
+    app.schedule("mail", {"to": "ann@example.com", "order": {"id": 42}}, delay=60, job_id="ann")
+    app.schedule("mail", {"to": "bob@example.com", "order": {"id": "42"}}, delay=61, job_id="bob")
+    app.schedule("mail", {"to": "cy@example.com", "order": {"id": 7}}, delay=62, job_id="cy")
+    page = site.page(browser, login=False)
+    page.goto(f"{site.url}/jobs")
+
+    def shown() -> list[str]:
+        rows = page.locator("tr.job-row")
+        return [rows.nth(i).get_attribute("data-id") or "" for i in range(rows.count())]
+
+    page.fill("#f-payload-contains", "example.com")
+    page.click("#f-apply")
+    assert shown() == ["ann", "bob", "cy"]
+    page.fill("#f-payload-path", "order.id")
+    page.fill("#f-payload-value", "42")
+    page.click("#f-apply")
+    assert shown() == ["ann"]  # the number 42, not the string "42"
+    assert page.input_value("#f-payload-path") == "order.id"  # the form keeps the search
+    page.fill("#f-payload-value", '"42"')
+    page.click("#f-apply")
+    assert shown() == ["bob"]
+
+
 def test_cancel_a_job_and_see_its_new_state(browser: Browser, site: Site, tmp_path: Path) -> None:
     job_id = site.app.schedule("order.cancel", {"order": 42, "note": "unpaid"}, delay=1800)
     page = site.page(browser)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -188,3 +190,42 @@ def test_a_model_argument_is_stored_by_model_dump_and_rebuilt_by_model_validate(
     assert handler is not None
     handler.fn(job.payload)
     assert [(m.amount, m.currency) for m in seen] == [(5, "EUR")]
+
+
+class Parcel(TypedDict):
+    weight: float
+    fragile: bool
+
+
+try:  # pydantic comes with FastAPI (the dev extras); delayq itself does not need it
+    import pydantic
+except ImportError:  # pragma: no cover
+    pydantic = None
+else:
+
+    class Refund(pydantic.BaseModel):
+        order: int
+        at: datetime.datetime
+
+
+@pytest.mark.skipif(pydantic is None, reason="pydantic is not installed")
+def test_a_real_pydantic_model_and_a_typed_dict_go_through_json_and_back(app: DelayQ) -> None:
+    seen: list[tuple[object, object]] = []
+
+    @app.task(name="ship.refund")
+    def refund(money: Refund, parcel: Parcel) -> None:
+        seen.append((money, parcel))
+
+    when = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
+    job = app.get(refund.schedule(Refund(order=7, at=when), {"weight": 1.5, "fragile": True}))
+    assert job is not None
+    assert job.payload == {
+        "args": [{"order": 7, "at": "2026-12-03T12:00:00Z"}, {"weight": 1.5, "fragile": True}],
+        "kwargs": {},
+    }
+    handler = app.get_handler("ship.refund")
+    assert handler is not None
+    handler.fn(job.payload)
+    [(money, parcel)] = seen
+    assert isinstance(money, Refund) and money == Refund(order=7, at=when)
+    assert parcel == {"weight": 1.5, "fragile": True}  # a TypedDict is a dict

@@ -13,10 +13,15 @@ from typing import Any, Protocol, TypeVar
 
 from delayq._validate import (
     MAX_ATTEMPTS,
+    JsonScalar,
+    PayloadPath,
     check_int,
     check_job_id,
     check_limit,
     check_list_cursor,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
     check_run_at,
     finite_number,
     format_time,
@@ -26,7 +31,7 @@ from delayq.backends.base import Completion
 from delayq.clock import Clock, SystemClock
 from delayq.errors import InvalidOption, InvalidPayload, JobConflict, StaleClaim
 from delayq.flow import check_flow_key, check_priority
-from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState
+from delayq.job import Claim, EnqueueOutcome, Job, JobSpec, JobState, PayloadPreview
 
 log = logging.getLogger("delayq.backends")
 
@@ -49,6 +54,9 @@ __all__ = [
     "check_limit",
     "check_list_cursor",
     "check_max_wait",
+    "check_payload_at",
+    "check_payload_contains",
+    "check_preview",
     "check_queue_name",
     "check_result_ttl",
     "check_run_at",
@@ -60,6 +68,8 @@ __all__ = [
     "encode_backoff",
     "extend_one_by_one",
     "filtered_page",
+    "listed_payload",
+    "payload_matches",
     "readable_json",
     "resolve_conflicts",
     "undecodable_error",
@@ -307,6 +317,46 @@ def clip_error(text: str | None) -> str | None:
     if not text.isascii() and utf8_problem(text) is not None:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def listed_payload(text: str, preview: int | None) -> Any:
+    """A stored payload as a list shows it: decoded (:func:`readable_json`), or, past
+    ``preview`` characters, a :class:`~delayq.job.PayloadPreview` of its text. A
+    store that can cut the text where it reads passes the cut text and its full
+    length (``chars``) instead."""
+    if preview is None or len(text) <= preview:
+        return readable_json(text)
+    return PayloadPreview(text[:preview], len(text))
+
+
+def payload_matches(
+    text: str, contains: str | None, at: tuple[PayloadPath, JsonScalar] | None
+) -> bool:
+    """Whether a payload's stored JSON ``text`` holds ``contains`` and the value at
+    the path of ``at`` (``list_jobs(payload_contains=, payload_at=)``; the rule
+    the SQL stores follow: a string equals a string, a number a number, a
+    boolean a boolean)."""
+    if contains is not None and contains not in text:
+        return False
+    if at is None:
+        return True
+    path, wanted = at
+    try:
+        node: Any = json.loads(text)
+    except ValueError:
+        return False
+    for part in path:
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                return False
+        elif not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    if isinstance(wanted, bool) or isinstance(node, bool):
+        return isinstance(wanted, bool) and isinstance(node, bool) and node is wanted
+    if isinstance(wanted, str) or isinstance(node, str):
+        return isinstance(wanted, str) and isinstance(node, str) and node == wanted
+    return isinstance(node, int | float) and node == wanted
 
 
 def readable_json(text: str) -> Any:

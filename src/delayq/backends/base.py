@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -111,6 +111,7 @@ __all__ = [
     "ReportsHealth",
     "ScheduleRecord",
     "ScheduleStore",
+    "TellsFinishes",
     "WorkerBeat",
     "WorkerRegistry",
 ]
@@ -122,6 +123,11 @@ FEATURES: dict[str, str] = {
     "server_clock": "'due' is decided on one server's clock, never a worker's",
     "definite_cancel": "cancel / reschedule answer definitely, also racing a claim",
     "inspect": "get, list_jobs, stats and dead_letters see every job",
+    "payload_search": (
+        "list_jobs takes payload_contains= (a substring of the payload's JSON text) and "
+        "payload_at=(path, value), filtered where the store reads (no payload reaches Python "
+        "to be filtered)"
+    ),
     "transactional_enqueue": "enqueue can join the caller's own database transaction",
     "recurring": "stores recurring schedules (cron / every)",
     "attempt_at_start": (
@@ -436,9 +442,26 @@ class Backend(Protocol):
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs (optionally of one state, handler ``name``, due in ``due_after <=
         run_at < due_before``), in ``run_at`` order, ties in enqueue order.
+
+        ``preview`` (characters): a payload whose JSON text is longer comes back
+        as a :class:`~delayq.job.PayloadPreview` (its first ``preview`` characters
+        and its length), cut where the store reads when it can: a list of big
+        payloads stays small (``get`` has the whole payload).
+
+        With ``payload_search`` in ``features``: ``payload_contains`` keeps the
+        jobs whose payload's JSON text holds that substring, and ``payload_at=(path,
+        value)`` those holding ``value`` (a JSON string, number or boolean; a
+        string matches a string only) at ``path`` (``$.customer.id``,
+        ``items[0].sku``). These filter the rows the other filters select (a
+        walk of them, no index): narrow by state, name or due window on a big
+        store. Other stores take neither (the app refuses with
+        :class:`~delayq.errors.Unsupported`).
 
         ``after`` is a keyset cursor, ``(run_at, id)`` of the last job of the
         previous page: the page starts just after that job in the same order, so
@@ -457,8 +480,8 @@ class Backend(Protocol):
         """Counts by state and the next due time."""
         ...
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
-        """Dead jobs, most recently buried first."""
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
+        """Dead jobs, most recently buried first (``preview`` as in :meth:`list_jobs`)."""
         ...
 
     def requeue_dead(
@@ -501,6 +524,23 @@ class ReportsHealth(Protocol):
 
     def health(self) -> dict[str, object]:
         """A small mapping of facts, ``alive`` (bool) among them; cheap to call."""
+        ...
+
+
+@runtime_checkable
+class TellsFinishes(Protocol):
+    """The optional store capability of telling this process that jobs finished in
+    another one (SQLite: datagrams beside its wake sockets; Redis: pub/sub).
+
+    ``DelayQ.result`` calls :meth:`listen_for_finishes` before it waits; the store
+    then calls ``on_finished(job_ids)`` (on a thread of its own) for jobs other
+    processes finished with a stored result, so a waiter wakes at once instead of
+    at its next read. Best effort: a lost notice costs a waiter its pause.
+    """
+
+    def listen_for_finishes(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Start hearing finishes (once; later calls return at once). False when
+        this store cannot tell them here."""
         ...
 
 

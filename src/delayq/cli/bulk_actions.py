@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from delayq import _bulk
-from delayq._present import parse_time
+from delayq._present import parse_payload_at, parse_time
 from delayq.cli._common import _JSON_OPTION, _echo_json, _errors, _open_app
 from delayq.cli._progress import progress
 
@@ -24,6 +24,19 @@ _DOING = {"requeue": "requeueing", "purge": "purging", "cancel": "cancelling"}
 @click.option("--name", default=None, help="Only jobs of this handler (default any).")
 @click.option("--due-after", default=None, help="Only jobs due at or after (ISO 8601 or epoch).")
 @click.option("--due-before", default=None, help="Only jobs due before (ISO 8601 or epoch).")
+@click.option(
+    "--payload-contains",
+    metavar="TEXT",
+    default=None,
+    help="Only jobs whose payload JSON holds TEXT (memory, SQLite, PostgreSQL).",
+)
+@click.option(
+    "--payload-at",
+    metavar="PATH=VALUE",
+    default=None,
+    help="Only jobs whose payload has VALUE at PATH, e.g. customer.id=42 or "
+    'status="paid" (memory, SQLite, PostgreSQL).',
+)
 @click.option("--yes", is_flag=True, help="Do not ask; act on the count matched now.")
 @_JSON_OPTION
 @click.pass_context
@@ -34,6 +47,8 @@ def bulk_command(
     name: str | None,
     due_after: str | None,
     due_before: str | None,
+    payload_contains: str | None,
+    payload_at: str | None,
     yes: bool,
     as_json: bool,
 ) -> None:
@@ -46,6 +61,8 @@ def bulk_command(
             name=name,
             due_after=None if due_after is None else parse_time(due_after, "--due-after"),
             due_before=None if due_before is None else parse_time(due_before, "--due-before"),
+            payload_contains=payload_contains,
+            payload_at=None if payload_at is None else parse_payload_at(payload_at, "--payload-at"),
         )
     state = _bulk.ACTIONS[action].value
     with _open_app(ctx) as app:

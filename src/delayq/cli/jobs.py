@@ -7,7 +7,7 @@ import json
 import click
 from rich.table import Table
 
-from delayq._present import job_dict
+from delayq._present import job_dict, parse_payload_at
 from delayq.cli._common import (
     _JSON_OPTION,
     _BadInput,
@@ -189,6 +189,20 @@ def get(ctx: click.Context, job_id: str, as_json: bool) -> None:
 )
 @click.option("--due-after", metavar="WHEN", help="Due at or after: ISO 8601, '-1h', epoch.")
 @click.option("--due-before", metavar="WHEN", help="Due before: ISO 8601, '+10m', epoch.")
+@click.option("--name", default=None, help="Only jobs of this handler.")
+@click.option(
+    "--payload-contains",
+    metavar="TEXT",
+    default=None,
+    help="Only jobs whose payload JSON holds TEXT (memory, SQLite, PostgreSQL).",
+)
+@click.option(
+    "--payload-at",
+    metavar="PATH=VALUE",
+    default=None,
+    help="Only jobs whose payload has VALUE at PATH, e.g. customer.id=42 or "
+    'status="paid" (memory, SQLite, PostgreSQL).',
+)
 @click.option("--limit", type=int, default=50, show_default=True)
 @_JSON_OPTION
 @click.pass_context
@@ -198,10 +212,13 @@ def list_command(
     state: str | None,
     due_after: str | None,
     due_before: str | None,
+    name: str | None,
+    payload_contains: str | None,
+    payload_at: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """List jobs in due-time order, by state and/or due window."""
+    """List jobs in due-time order, by state, handler, due window and/or payload."""
     with _open_app(ctx) as app:
         now = app.clock.time()
         jobs = app.list_jobs(
@@ -209,6 +226,9 @@ def list_command(
             due_after=_maybe_when(due_after, now, "--due-after"),
             due_before=_maybe_when(due_before, now, "--due-before"),
             limit=limit,
+            name=name,
+            payload_contains=payload_contains,
+            payload_at=None if payload_at is None else parse_payload_at(payload_at, "--payload-at"),
         )
     if as_json:
         _echo_json([job_dict(j) for j in jobs])

@@ -9,7 +9,6 @@ with the worker. It is tested without a CLI runner.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -21,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 from rich.logging import RichHandler
 
-from delayq._loader import load_app
+from delayq._loader import app_target, load_app
 from delayq.app import DelayQ
 from delayq.cli._common import _duration, _errors, _require_durable, _Settings
+from delayq.cli._web_process import WebProcess
 from delayq.cli.web import TOKEN_ENV
-from delayq.clock import SYSTEM_CLOCK
 from delayq.errors import ConfigurationError
 from delayq.observe.health import OpsServer, WorkerCollector
 from delayq.observe.logs import JsonFormatter, result_logger
@@ -71,11 +70,15 @@ class WorkerOps:
     (:mod:`delayq.observe.workers`: the dashboard's workers page and ``delayq
     workers``) until closed.
 
-    ``web_port`` serves the dashboard from this process on 127.0.0.1 (uvicorn in
-    a thread), its lateness chart fed by this worker's ``on_result``; the token
+    ``web_port`` serves the dashboard on 127.0.0.1 from a spawned child process
+    (:mod:`._web_process`: the worker's GIL stays the worker's), which loads the
+    app by ``app_target`` (``package.module:app``), else opens ``store_url``, else
+    loads the app by the name it has among the imported modules, and shows the lateness and
+    counters this worker relays to it; it stops with the worker. The token
     comes from ``$DELAYQ_WEB_TOKEN`` or is made up, and the login link carrying
     it is printed to this process's terminal (stderr), never into the log. A
-    taken web port is logged and the worker runs on without the dashboard.
+    taken web port (or a child that cannot start) is logged and the worker runs
+    on without the dashboard.
     """
 
     def __init__(
@@ -87,6 +90,8 @@ class WorkerOps:
         log_format: LogFormat = "text",
         web_port: int | None = None,
         health_port: int | None = None,
+        app_target: str | None = None,
+        store_url: str | None = None,
     ) -> None:
         for option, port in (
             ("--metrics-port", metrics_port),
@@ -100,11 +105,15 @@ class WorkerOps:
         self.metrics_host = metrics_host
         self.web_port = web_port
         self.health_port = health_port
-        self.series = LatenessSeries() if web_port is not None else None
+        self.app_target = app_target
+        self.store_url = store_url
+        self.log_format: LogFormat = log_format
+        # relayed to the dashboard's process; in multiprocess mode it reads the directory
+        relay = web_port is not None and multiprocess_dir() is None
+        self.series = LatenessSeries() if relay else None
         wanted = metrics_port is not None or web_port is not None
         self.metrics = Metrics(series=self.series).instrument(app) if wanted else None
-        self._web: Any = None
-        self._web_thread: threading.Thread | None = None
+        self._web: WebProcess | None = None
         self.web_url: str | None = None
         level = logging.INFO if log_format == "json" else logging.DEBUG
         self._log_result = result_logger(logging.getLogger("delayq.jobs"), level)
@@ -187,46 +196,47 @@ class WorkerOps:
 
     def _start_web(self, port: int) -> None:
         try:
-            import uvicorn  # noqa: PLC0415
+            import uvicorn  # noqa: F401, PLC0415 (the child needs them: say so here)
 
-            from delayq.web import create_app  # noqa: PLC0415
+            import delayq.web  # noqa: F401, PLC0415
         except ImportError as exc:
             raise ConfigurationError(
                 f"--web-port needs {exc.name or 'the web extra'}: pip install 'delayq[web]'"
             ) from exc
+        if self.app.url.startswith("memory:"):
+            log.warning(
+                "cannot serve the dashboard of a memory:// store from another process; "
+                "this worker runs without it (serve delayq.web.create_app(app) yourself)"
+            )
+            return
+        target = self.app_target
+        if target is None and self.store_url is None:
+            target = app_target(self.app)
+        if target is None and self.store_url is None:
+            log.warning(
+                "cannot serve the dashboard: its process loads the app by name and this "
+                "app is no module-level variable (give app_target='package.module:app' "
+                "or store_url=); this worker runs without it"
+            )
+            return
         given = os.environ.get(TOKEN_ENV) or None
         token = given or secrets.token_urlsafe(24)
-        site = create_app(
-            self.app,
+        self._web = WebProcess(
+            target=target,
+            url=self.store_url,
+            port=port,
             token=token,
             metrics=self.metrics,
             series=self.series,
             cache_seconds=WEB_CACHE_SECONDS,
+            log_format=self.log_format,
         )
-        config = uvicorn.Config(
-            site, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="none"
-        )
-        self._web = uvicorn.Server(config)
-        self._web_thread = threading.Thread(
-            target=_run_web, args=(self._web,), name="delayq-web", daemon=True
-        )
-        self._web_thread.start()
-        deadline = SYSTEM_CLOCK.monotonic() + 30
-        while not self._web.started:
-            if not self._web_thread.is_alive() or SYSTEM_CLOCK.monotonic() > deadline:
-                # the jobs matter more than the dashboard: run them without it
-                log.warning(
-                    "cannot serve the dashboard on 127.0.0.1:%d (port taken?); "
-                    "this worker runs without it",
-                    port,
-                )
-                self._web.should_exit = True
-                self._web = None
-                return
-            SYSTEM_CLOCK.sleep(0.01)
-        bound = self._web.servers[0].sockets[0].getsockname()[1]
+        bound = self._web.start()
+        if bound is None:
+            self._web = None
+            return
         self.web_url = f"http://127.0.0.1:{bound}/"
-        log.info("dashboard on %s", self.web_url)
+        log.info("dashboard on %s (process %s)", self.web_url, self._web.pid)
         if not given:  # the token goes to the terminal only, never into a log pipeline
             click.echo(f"dashboard login link: {self.web_url}?token={token}", err=True)
 
@@ -240,9 +250,7 @@ class WorkerOps:
             self._takeover.join(10)
             self._takeover = None
         if self._web is not None:
-            self._web.should_exit = True
-            if self._web_thread is not None:
-                self._web_thread.join(10)
+            self._web.close()
             self._web = None
         for server in (self._server, self._health):
             if server is not None:
@@ -252,13 +260,6 @@ class WorkerOps:
             from prometheus_client import multiprocess  # noqa: PLC0415
 
             multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
-
-
-def _run_web(server: Any) -> None:
-    """uvicorn's ``run``, in a thread: a port it cannot bind ends it with
-    SystemExit (after logging why), which must end only this thread."""
-    with contextlib.suppress(SystemExit):
-        server.run()
 
 
 # -- the command ----------------------------------------------------------------------
@@ -380,6 +381,8 @@ def worker(
             log_format="json" if log_format == "json" else "text",
             web_port=web_port,
             health_port=health_port,
+            app_target=target,
+            store_url=settings.url,
         )
         w = Worker(
             app,

@@ -31,7 +31,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import DelayqError, MissingDependency
@@ -49,8 +49,10 @@ __all__ = [
     "DURATION_BUCKETS",
     "LATENESS_BUCKETS",
     "MULTIPROC_ENV",
+    "CounterSource",
     "LatenessSeries",
     "Metrics",
+    "RelayedCounters",
     "SeriesPoint",
     "StoreCollector",
     "bucket_quantile",
@@ -179,6 +181,12 @@ class Metrics:
         elif outcome == "skipped":
             self.skipped.labels(name).inc()
 
+    def families(self) -> list[Metric]:
+        """The current values of every counter and histogram (to relay them to
+        another process: :class:`RelayedCounters`). Costs a few milliseconds per
+        handler name: a worker sends them seldom."""
+        return list(self.registry.collect())
+
     # -- producers (a ProducerHook) --------------------------------------------------
     def instrument(self, app: DelayQ) -> Metrics:
         """Count what ``app`` schedules and cancels; returns self."""
@@ -200,6 +208,42 @@ class Metrics:
         # cancel() knows only the id; the cancelled record still names the handler.
         job = None if self._app is None else self._app.backend.get(job_id)
         self.cancelled.labels(job.name if job is not None else "").inc()
+
+
+class CounterSource(Protocol):
+    """Where a dashboard reads a worker's counters and histograms: a :class:`Metrics`
+    of its own process, or :class:`RelayedCounters` sent by another one."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+
+class RelayedCounters:
+    """Another process's counters and histograms as it last sent them.
+
+    The dashboard a worker serves runs in a child process
+    (``delayq worker --web-port``); the worker sends its metric families every
+    few seconds (:meth:`Metrics.families`) and the child shows them through
+    ``registry``, as if they were its own. ``_lock`` guards ``_families``.
+    """
+
+    def __init__(self) -> None:
+        prom = _prometheus()
+        self._lock = threading.Lock()
+        self._families: list[Metric] = []
+        # no describe(): the families are not known before the first relay
+        self.registry: CollectorRegistry = prom.CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def update(self, families: Sequence[Metric]) -> None:
+        """Replace what is shown by ``families`` (the sender's latest)."""
+        with self._lock:
+            self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            families = self._families
+        yield from families
 
 
 class StoreCollector:
@@ -257,7 +301,7 @@ class _Joined:
 
 
 def exposition_registry(
-    metrics: Metrics | None = None, backend: Backend | None = None
+    metrics: CounterSource | None = None, backend: Backend | None = None
 ) -> CollectorRegistry:
     """The registry to serve on ``/metrics``.
 
@@ -361,6 +405,27 @@ class LatenessSeries:
             slot = self._slot(when)
             for i, count in enumerate(counts):
                 slot[i] += count
+
+    def recent(self, count: int = 2) -> list[tuple[int, list[int]]]:
+        """Copies of the newest ``count`` slots, as ``(slot index, bucket counts)``:
+        what changed lately, to relay to another process's series (:meth:`merge`)."""
+        with self._lock:
+            return [(i, list(c)) for i, c in list(self._slots)[-count:]]
+
+    def merge(self, slots: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Take ``slots`` (from :meth:`recent` of another series with the same slot
+        length) as they are: a slot already here is replaced, a newer one appended."""
+        with self._lock:
+            for index, counts in slots:
+                if len(counts) != len(LATENESS_BUCKETS) + 1:
+                    raise ValueError(f"a slot needs {len(LATENESS_BUCKETS) + 1} bucket counts")
+                if not self._slots or self._slots[-1][0] < index:
+                    self._slots.append((index, list(counts)))
+                    continue
+                for i, (known, _) in enumerate(self._slots):
+                    if known == index:
+                        self._slots[i] = (index, list(counts))
+                        break
 
     def points(self) -> list[SeriesPoint]:
         """One point per slot that saw attempts, oldest first."""

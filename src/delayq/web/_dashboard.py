@@ -25,7 +25,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from delayq._present import error_summary, iso, local, relative
 from delayq.app import DelayQ
 from delayq.errors import InvalidOption
-from delayq.observe.metrics import LatenessSeries, Metrics, lateness_bucket_totals, multiprocess_dir
+from delayq.observe.metrics import (
+    CounterSource,
+    LatenessSeries,
+    lateness_bucket_totals,
+    multiprocess_dir,
+)
 from delayq.web.security import CSRF_FIELD, CSRF_HEADER, Guard, host_of
 from delayq.web.views import seconds_text
 
@@ -78,8 +83,9 @@ class Dashboard:
         app: DelayQ,
         guard: Guard,
         *,
-        metrics: Metrics | None,
+        metrics: CounterSource | None,
         series: LatenessSeries | None,
+        series_from: str = "this process's worker",
         allowed_hosts: Collection[str] = (),
     ) -> None:
         self.app = app
@@ -93,7 +99,7 @@ class Dashboard:
         self.sampled = series is None and multiprocess_dir() is not None
         self.series = series if series is not None else LatenessSeries()
         if series is not None:
-            self.lateness_source = "this process's worker"
+            self.lateness_source = series_from
         elif self.sampled:
             self.lateness_source = (
                 f"the workers writing to {multiprocess_dir()} (since this dashboard started)"

@@ -2,7 +2,8 @@
 
 A list page or ``GET /api/jobs`` carries :func:`job_row` per job: the error
 summary instead of the traceback, a payload preview of at most
-:data:`PREVIEW_CHARS` characters, and what an operator must notice at a glance
+:data:`PREVIEW_CHARS` characters (the store reads no more than that of a big
+payload: ``list_jobs(preview=)``), and what an operator must notice at a glance
 (a running job whose lease ran out, a scheduled job that is retrying). The
 whole payload and traceback are on the job's page and ``GET /api/jobs/{id}``.
 """
@@ -13,7 +14,7 @@ import json
 from typing import Any
 
 from delayq._present import error_summary, iso
-from delayq.job import Job, JobState
+from delayq.job import Job, JobState, PayloadPreview
 
 __all__ = ["PREVIEW_CHARS", "RUNNING_SCAN", "attention", "job_row", "lease_expired_for"]
 
@@ -25,7 +26,10 @@ jobs are bounded by the workers' concurrency; past this it says "500+")."""
 
 
 def payload_preview(payload: Any) -> tuple[str, int]:
-    """The payload as compact JSON cut to :data:`PREVIEW_CHARS`, and its full length."""
+    """The payload as compact JSON cut to :data:`PREVIEW_CHARS`, and its full length
+    (a :class:`~delayq.job.PayloadPreview` the store cut: its text, its length)."""
+    if isinstance(payload, PayloadPreview):
+        return payload.text[: PREVIEW_CHARS - 1] + "…", payload.chars
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     if len(text) <= PREVIEW_CHARS:
         return text, len(text)

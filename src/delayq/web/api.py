@@ -82,7 +82,7 @@ async def job(request: Request) -> _JSON:
 async def dead(request: Request) -> _JSON:
     dash = dashboard(request)
     limit = views.JobFilters.parse(request.query_params).limit
-    jobs = await dash.call(dash.app.dead_letters, limit=limit)
+    jobs = await dash.call(dash.app.dead_letters, limit=limit, preview=PREVIEW_CHARS)
     now = dash.app.clock.time()
     return _JSON({"jobs": [job_row(j, now) for j in jobs]})
 
@@ -220,6 +220,24 @@ _FILTERS = [
     {"name": "after_run_at", "in": "query", "schema": {"type": "number"}, "description": "cursor"},
     {"name": "after_id", "in": "query", "schema": {"type": "string"}, "description": "cursor"},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "maximum": 500}},
+    {
+        "name": "payload_contains",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "a substring of the payload's JSON (memory, SQLite, PostgreSQL; else 501)",
+    },
+    {
+        "name": "payload_path",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "with payload_value: a JSON path, e.g. customer.id or $.items[0].sku",
+    },
+    {
+        "name": "payload_value",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": 'the value at payload_path: 42, true, "42" (a string), or text',
+    },
 ]
 
 OPENAPI: dict[str, Any] = {

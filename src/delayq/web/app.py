@@ -10,7 +10,8 @@ Lateness over time comes from the most direct source available, and the
 overview says which:
 
 * ``series=``: a :class:`~delayq.observe.metrics.LatenessSeries` fed by a worker's
-  ``on_result`` in this process (the dashboard runs inside the worker);
+  ``on_result``: in this process, or relayed by the worker whose child process
+  serves this dashboard (``delayq worker --web-port``);
 * else, with ``PROMETHEUS_MULTIPROC_DIR`` set: the lateness histogram that the
   workers of this host write there, sampled every slot since the dashboard
   started;
@@ -37,8 +38,8 @@ from starlette.routing import Route
 from delayq.app import DelayQ
 from delayq.errors import DelayqError, InvalidInput, Unsupported
 from delayq.observe.metrics import (
+    CounterSource,
     LatenessSeries,
-    Metrics,
     exposition_registry,
     multiprocess_dir,
 )
@@ -72,8 +73,9 @@ def create_app(
     *,
     token: str | None = None,
     require_token_for_reads: bool = False,
-    metrics: Metrics | None = None,
+    metrics: CounterSource | None = None,
     series: LatenessSeries | None = None,
+    series_from: str = "this process's worker",
     allowed_hosts: Collection[str] = (),
     cache_seconds: float = 0.0,
 ) -> Starlette:
@@ -82,9 +84,12 @@ def create_app(
     ``token`` guards every action (a random one when None: then only code that
     holds it, such as the ``delayq web`` command printing a login link, can
     act). ``require_token_for_reads`` guards the pages and the API too (for a
-    server reachable beyond this machine). ``metrics`` adds this process's
-    counters to ``/metrics``; ``series`` is a lateness series fed by a worker
-    of this process. The caller keeps ``app`` open and closes it.
+    server reachable beyond this machine). ``metrics`` adds a worker's counters
+    to ``/metrics`` and the handlers table (a :class:`~delayq.observe.metrics.Metrics`
+    of this process, or the ones a worker relays to the child serving its
+    dashboard); ``series`` is a lateness series fed by that worker, and
+    ``series_from`` the overview's words for where it comes from. The caller keeps
+    ``app`` open and closes it.
 
     Requests must name the server in ``Host``: the loopback names always, plus
     ``allowed_hosts`` (the bound address, a public name behind a proxy; ``"*"``
@@ -97,7 +102,9 @@ def create_app(
     """
     guard = Guard(token or secrets.token_urlsafe(24), require_for_reads=require_token_for_reads)
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
-    dash = Dashboard(app, guard, metrics=metrics, series=series, allowed_hosts=hosts)
+    dash = Dashboard(
+        app, guard, metrics=metrics, series=series, series_from=series_from, allowed_hosts=hosts
+    )
 
     web = Starlette(
         routes=[

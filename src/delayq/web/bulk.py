@@ -26,12 +26,25 @@ from delayq.web._dashboard import dashboard, json_body
 __all__ = ["API_PATHS", "ROUTES"]
 
 
+_FIELDS = ("name", "due_after", "due_before", "payload_contains", "payload_path", "payload_value")
+
+
 def _where(fields: Mapping[str, Any]) -> _bulk.BulkFilter:
     name = str(fields.get("name") or "").strip() or None
+    # the jobs list's payload search, read by the one parser
+    search = views.JobFilters.parse(
+        {
+            k: str(fields[k])
+            for k in ("payload_contains", "payload_path", "payload_value")
+            if fields.get(k) is not None
+        }
+    )
     return _bulk.BulkFilter(
         name=name,
         due_after=views._bound(_text(fields.get("due_after")), "due_after"),
         due_before=views._bound(_text(fields.get("due_before")), "due_before"),
+        payload_contains=search.payload_contains,
+        payload_at=search.payload_at,
     )
 
 
@@ -68,6 +81,7 @@ async def confirm_page(request: Request) -> Response:
         matched=len(ids),
         sample=ids[:10],
         limit=_bulk.BULK_LIMIT,
+        can_search="payload_search" in dash.app.backend.features,
     )
 
 
@@ -83,7 +97,7 @@ async def run_page(request: Request) -> Response:
             _bulk.run, dash.app, action, where, confirm=_confirm(fields.get("confirm")), who="page"
         )
     except _bulk.CountChanged as exc:
-        again = {k: v for k, v in fields.items() if k in ("name", "due_after", "due_before")}
+        again = {k: v for k, v in fields.items() if k in _FIELDS}
         again.update(action=action, changed=str(exc))
         return dash.redirect(request, "/bulk?" + urlencode(again))
     done = ", ".join(f"{n} {word}" for word, n in sorted(outcomes.items())) or "nothing to do"
@@ -96,7 +110,7 @@ async def api_run(request: Request) -> JSONResponse:
     dash.check_action(request, None)
     action = _action(request)
     body = await json_body(request)
-    unknown = set(body) - {"name", "due_after", "due_before", "confirm"}
+    unknown = set(body) - {*_FIELDS, "confirm"}
     if unknown:
         raise InvalidOption(f"unknown field(s) {sorted(unknown)}")
     where = _where(body)
@@ -118,6 +132,9 @@ _BODY = {
         "name": {"type": "string", "description": "handler name (default any)"},
         "due_after": {"type": ["number", "string"]},
         "due_before": {"type": ["number", "string"]},
+        "payload_contains": {"type": "string", "description": "a substring of the payload JSON"},
+        "payload_path": {"type": "string", "description": "with payload_value, e.g. customer.id"},
+        "payload_value": {"type": "string", "description": '42, true, "42" or text'},
         "confirm": {"type": "integer", "description": "the matched count; absent: dry run"},
     },
 }

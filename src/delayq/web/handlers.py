@@ -22,7 +22,12 @@ from starlette.routing import Route
 
 from delayq.app import DelayQ
 from delayq.job import JobState
-from delayq.observe.metrics import LATENESS_BUCKETS, Metrics, bucket_quantile, multiprocess_dir
+from delayq.observe.metrics import (
+    LATENESS_BUCKETS,
+    CounterSource,
+    bucket_quantile,
+    multiprocess_dir,
+)
 from delayq.web._dashboard import dashboard
 
 __all__ = ["API_PATHS", "ROUTES", "SCAN", "handler_table"]
@@ -50,7 +55,7 @@ def _store_counts(app: DelayQ, now: float) -> tuple[dict[str, dict[str, Any]], b
         return table, False
     capped = False
     for state in _STATES:
-        jobs = app.list_jobs(state=state, limit=SCAN)
+        jobs = app.list_jobs(state=state, limit=SCAN, preview=1)
         capped = capped or len(jobs) == SCAN
         for job in jobs:
             r = row(job.name)
@@ -62,7 +67,7 @@ def _store_counts(app: DelayQ, now: float) -> tuple[dict[str, dict[str, Any]], b
     return table, capped
 
 
-def _counters(metrics: Metrics | None) -> dict[str, dict[str, Any]]:
+def _counters(metrics: CounterSource | None) -> dict[str, dict[str, Any]]:
     """Per handler from the worker counters: attempts, failures, lateness buckets."""
     registry: Any = None
     if multiprocess_dir() is not None:
@@ -108,7 +113,7 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def handler_table(app: DelayQ, metrics: Metrics | None, now: float) -> dict[str, Any]:
+def handler_table(app: DelayQ, metrics: CounterSource | None, now: float) -> dict[str, Any]:
     """Rows by handler name (most due first), and whether store counts were capped."""
     table, capped = _store_counts(app, now)
     counters = _counters(metrics)

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from delayq.job import JobState
 from delayq.web import charts, views
 from delayq.web._dashboard import dashboard, job_url, root_of
-from delayq.web._rows import job_row, lease_expired_for
+from delayq.web._rows import PREVIEW_CHARS, job_row, lease_expired_for
 
 __all__ = ["REFRESH_SECONDS", "ROUTES"]
 
@@ -75,6 +75,8 @@ async def jobs(request: Request) -> Response:
         states=_STATES,
         retrying_filter=filters.retrying,
         refresh=REFRESH_SECONDS,
+        # the fields show only where the store can search (others refuse: 501)
+        can_search="payload_search" in dash.app.backend.features,
     )
 
 
@@ -101,7 +103,7 @@ async def job(request: Request) -> Response:
 
 async def dead(request: Request) -> Response:
     dash = dashboard(request)
-    jobs = await dash.call(dash.app.dead_letters, limit=views.PAGE_SIZE)
+    jobs = await dash.call(dash.app.dead_letters, limit=views.PAGE_SIZE, preview=PREVIEW_CHARS)
     now = dash.app.clock.time()
     return dash.render(
         request,

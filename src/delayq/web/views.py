@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from delayq._present import iso, parse_time
+from delayq._present import iso, parse_time, payload_value
+from delayq._validate import check_payload_at, check_payload_contains
 from delayq.app import DelayQ
 from delayq.backoff import parse_duration
 from delayq.errors import InvalidOption
@@ -23,7 +24,7 @@ from delayq.job import Job, JobState
 from delayq.observe.logs import JOB_FIELD
 from delayq.observe.metrics import SeriesPoint
 from delayq.recurring import TICK_HANDLER
-from delayq.web._rows import RUNNING_SCAN, attention
+from delayq.web._rows import PREVIEW_CHARS, RUNNING_SCAN, attention
 
 __all__ = [
     "PAGE_SIZE",
@@ -101,6 +102,8 @@ class JobFilters:
     limit: int = PAGE_SIZE
     ticks: bool = False  # show recurring schedules' tick jobs (hidden unless named)
     retrying: bool = False  # state=retrying: scheduled jobs that failed before
+    payload_contains: str | None = None  # a substring of the payload's JSON
+    payload_at: tuple[str, str | int | float | bool] | None = None  # (path, value)
 
     def shows(self, job: Job) -> bool:
         """False for a tick job the filters hide (one per occurrence: noise), and
@@ -135,6 +138,15 @@ class JobFilters:
             raise InvalidOption(f"limit must be an int, got {query.get('limit')!r}") from None
         if not 1 <= limit <= 500:
             raise InvalidOption(f"limit must be between 1 and 500, got {limit}")
+        path = (query.get("payload_path") or "").strip()
+        at = None
+        if path:
+            at = (path, payload_value((query.get("payload_value") or "").strip()))
+            check_payload_at(at)
+        elif (query.get("payload_value") or "").strip():
+            raise InvalidOption("payload_value needs payload_path (e.g. customer.id)")
+        contains = query.get("payload_contains") or None
+        check_payload_contains(contains)
         return cls(
             state=state_value,
             name=(query.get("name") or "").strip() or None,
@@ -144,6 +156,8 @@ class JobFilters:
             limit=limit,
             ticks=query.get("ticks", "") in ("1", "true", "yes"),
             retrying=retrying,
+            payload_contains=contains,
+            payload_at=at,
         )
 
     def query(self, *, after: tuple[float, str] | None = None) -> dict[str, str]:
@@ -161,6 +175,12 @@ class JobFilters:
             out["limit"] = str(self.limit)
         if self.ticks:
             out["ticks"] = "1"
+        if self.payload_contains is not None:
+            out["payload_contains"] = self.payload_contains
+        if self.payload_at is not None:
+            out["payload_path"] = self.payload_at[0]
+            value = self.payload_at[1]
+            out["payload_value"] = value if isinstance(value, str) else json.dumps(value)
         if after is not None:
             out["after_run_at"] = repr(after[0])
             out["after_id"] = after[1]
@@ -199,6 +219,9 @@ def list_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[float,
             due_before=filters.due_before,
             after=after,
             limit=filters.limit + 1,
+            preview=PREVIEW_CHARS,
+            payload_contains=filters.payload_contains,
+            payload_at=filters.payload_at,
         )
         for job in jobs:
             if filters.shows(job):
@@ -220,7 +243,14 @@ def _filtered_page(app: DelayQ, filters: JobFilters) -> tuple[list[Job], tuple[f
     want = SCAN_LIMIT
     while True:
         rows = app.list_jobs(
-            state=filters.state, due_after=start, due_before=filters.due_before, limit=want
+            state=filters.state,
+            due_after=start,
+            due_before=filters.due_before,
+            limit=want,
+            preview=PREVIEW_CHARS,
+            # refused (Unsupported) by a store that cannot search
+            payload_contains=filters.payload_contains,
+            payload_at=filters.payload_at,
         )
         # Rows start at the cursor's due time: skip those up to the cursor job
         # itself (ties come in enqueue order); a cursor job that is gone skips nothing.
@@ -249,7 +279,7 @@ def overview(
     head = app.list_jobs(state=JobState.SCHEDULED, limit=1)
     oldest = head[0] if head and head[0].run_at <= now else None
     recent = [p for p in points if p.start >= now - 600]
-    running = app.list_jobs(state=JobState.RUNNING, limit=RUNNING_SCAN)
+    running = app.list_jobs(state=JobState.RUNNING, limit=RUNNING_SCAN, preview=1)
     count_retrying = getattr(app.backend, "count_retrying", None)
     return {
         "url": app.url,

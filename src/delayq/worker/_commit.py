@@ -32,6 +32,7 @@ from delayq.backends.base import Completion
 from delayq.clock import Clock
 from delayq.errors import BackendError, BackendUnavailable, StaleClaim
 from delayq.job import Claim
+from delayq.results import FINISHED_OUTCOMES, finished_jobs
 from delayq.worker._decide import Decision, JobResult, Outcome
 from delayq.worker._inflight import InFlight, InFlightTable
 
@@ -84,6 +85,7 @@ class GroupCommitter:
         self._batch = batch
         self._gather = gather
         self._on_result = on_result
+        self._finishes = finished_jobs(backend)  # wakes result() waiters of this process
         # Claiming with a commit pays only when the store does both in one round
         # trip; the default (complete, then claim) would only serialise the two
         # calls that the dispatcher otherwise makes in parallel with the commit.
@@ -263,6 +265,8 @@ class GroupCommitter:
                 if rec.started:
                     table.stats.duration.add(entry.duration)
             table.changed.notify_all()
+        if outcome in FINISHED_OUTCOMES:
+            self._finishes.notify([claim.job.id])
         if self._on_result is not None:
             self._report(entry, claim, outcome)
 
@@ -461,6 +465,9 @@ class GroupCommitter:
                 self._backend.interrupt()
             except Exception:
                 log.exception("waking the dispatcher after a retry failed")
+        self._finishes.notify(
+            claim.job.id for _, claim, outcome in reports if outcome in FINISHED_OUTCOMES
+        )
         if self._on_result is not None:
             for entry, claim, outcome in reports:
                 self._report(entry, claim, outcome)

@@ -21,6 +21,7 @@ from delayq.clock import SystemClock
 from delayq.codec import encode_result
 from delayq.errors import InvalidResult
 from delayq.job import Claim
+from delayq.results import FINISHED_OUTCOMES, finished_jobs
 from delayq.worker._decide import JobResult, decide, format_error
 
 __all__ = ["INLINE_LEASE", "run_due"]
@@ -87,6 +88,8 @@ def _run_one(app: DelayQ, claim: Claim, keep_attempt: bool) -> JobResult:
         )
         assert decision is not None
     app.backend.complete([decision.completion(claim)])
+    if decision.outcome in FINISHED_OUTCOMES:
+        finished_jobs(app.backend).notify([job.id])
     return JobResult(
         job_id=job.id,
         name=job.name,

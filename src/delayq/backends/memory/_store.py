@@ -28,6 +28,9 @@ from delayq.backends._common import (
     check_limit,
     check_list_cursor,
     check_max_wait,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
     check_result_ttl,
     check_run_at,
     check_spec,
@@ -35,6 +38,8 @@ from delayq.backends._common import (
     clip_error,
     lease_expired_error,
     lease_expired_note,
+    listed_payload,
+    payload_matches,
     readable_json,
     resolve_conflicts,
     stale_claim,
@@ -154,6 +159,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
             "clock",
             "definite_cancel",
             "inspect",
+            "payload_search",
             "recurring",
             "flow_control",
             "keyed",
@@ -649,11 +655,18 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``."""
         limit = check_limit(limit)
         state = None if state is None else JobState(state)
         cursor = check_list_cursor(after)
+        preview = check_preview(preview)
+        contains = check_payload_contains(payload_contains)
+        at = check_payload_at(payload_at)
+        searched = contains is not None or at is not None
         with self._lock:
             self._check_open()
             now = self._clock.time()
@@ -671,9 +684,16 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                 and (due_after is None or r.run_at >= due_after)
                 and (due_before is None or r.run_at < due_before)
                 and (start is None or (r.run_at, r.seq) > start)
+                and (not searched or payload_matches(r.payload, contains, at))
             ]
             chosen = heapq.nsmallest(limit, recs, key=lambda r: (r.run_at, r.seq))
-            return [r.to_job() for r in chosen]
+            jobs = [r.to_job() for r in chosen]
+        if preview is None:
+            return jobs
+        return [
+            replace(j, payload=listed_payload(r.payload, preview))
+            for j, r in zip(jobs, chosen, strict=True)
+        ]
 
     def next_due(self) -> float | None:
         with self._lock:
@@ -695,13 +715,20 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                     due += 1
             return Stats.from_counts(counts, due=due, next_due=self._next_scheduled())
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
         with self._lock:
             self._check_open()
             dead = [r for r in self._jobs.values() if r.state is JobState.DEAD]
             chosen = heapq.nlargest(limit, dead, key=lambda r: (r.updated_at, r.seq))
-            return [r.to_job() for r in chosen]
+            jobs = [r.to_job() for r in chosen]
+        if preview is None:
+            return jobs
+        return [
+            replace(j, payload=listed_payload(r.payload, preview))
+            for j, r in zip(jobs, chosen, strict=True)
+        ]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None

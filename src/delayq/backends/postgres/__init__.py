@@ -28,7 +28,8 @@ Design
   ``DelayQ.schedule(..., connection=conn)``) writes the job with the caller's
   connection, under a savepoint of its transaction: the job exists if and only
   if that transaction commits. SQLAlchemy ``Connection`` / ``Session`` objects on
-  the psycopg driver are accepted too.
+  the psycopg driver, and Django's ``django.db.connection`` (psycopg 3), are
+  accepted too.
 * **asyncio.** ``async_producer()`` (:mod:`._aio`, used by ``AsyncDelayQ``)
   runs enqueue, cancel and get on psycopg's ``AsyncConnectionPool``.
 * **Churn.** Finished records are deleted ``result_ttl`` after they finish

@@ -126,10 +126,17 @@ def caller_connection(obj: object) -> psycopg.Connection[Any]:
 
     Accepts a psycopg 3 ``Connection``, a SQLAlchemy ``Connection``, or a
     SQLAlchemy ``Session`` (its current connection, which starts its
-    transaction), both on the ``postgresql+psycopg`` driver. Nothing is begun on
-    a connection that is refused.
+    transaction), both on the ``postgresql+psycopg`` driver, or a Django database
+    connection (``django.db.connection``, the ``postgresql`` backend on psycopg 3:
+    inside ``transaction.atomic()`` the job joins that transaction). Nothing is
+    begun on a connection that is refused.
     """
     found: object = obj
+    if getattr(found, "vendor", None) == "postgresql" and callable(
+        getattr(found, "ensure_connection", None)
+    ):
+        found.ensure_connection()  # type: ignore[attr-defined]  # a Django connection
+        found = getattr(found, "connection", None)
     if not isinstance(found, psycopg.Connection) and callable(getattr(found, "get_bind", None)):
         try:
             found = found.connection()  # type: ignore[attr-defined]  # a SQLAlchemy Session
@@ -150,6 +157,6 @@ def caller_connection(obj: object) -> psycopg.Connection[Any]:
         return found
     kind = f"{type(found).__module__}.{type(found).__qualname__}"
     raise InvalidOption(
-        f"connection= takes a psycopg 3 Connection, or a SQLAlchemy Connection or Session "
-        f"using the postgresql+psycopg driver; got {kind}"
+        f"connection= takes a psycopg 3 Connection, a SQLAlchemy Connection or Session "
+        f"using the postgresql+psycopg driver, or a Django connection on psycopg 3; got {kind}"
     )

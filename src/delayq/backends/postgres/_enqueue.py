@@ -60,9 +60,10 @@ class PostgresEnqueue:
     ) -> list[EnqueueOutcome]:
         """Store ``jobs`` atomically (see the Backend contract).
 
-        With ``connection=`` (a psycopg connection, or a SQLAlchemy Connection /
-        Session on psycopg) the jobs join that connection's transaction: they
-        exist if and only if it commits, and are invisible to workers until then.
+        With ``connection=`` (a psycopg connection, a SQLAlchemy Connection /
+        Session on psycopg, or Django's connection) the jobs join that
+        connection's transaction: they exist if and only if it commits, and are
+        invisible to workers until then.
         """
         on_conflict = check_on_conflict(on_conflict)
         specs = [check_spec(spec) for spec in jobs]

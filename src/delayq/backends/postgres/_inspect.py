@@ -13,12 +13,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from delayq.backends._common import check_limit, check_list_cursor, check_run_at, readable_json
+from delayq.backends._common import (
+    check_limit,
+    check_list_cursor,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
+    check_run_at,
+    readable_json,
+)
 from delayq.backends.postgres._schema import quoted
+from delayq.backends.postgres._search import search_params
 from delayq.backends.postgres._sql import Statements
 from delayq.codec import decode_payload
 from delayq.errors import InvalidOption
-from delayq.job import Job, JobState, Stats
+from delayq.job import Job, JobState, PayloadPreview, Stats
 from delayq.keyed import KeyState
 
 __all__ = ["PostgresInspection", "to_job"]
@@ -57,6 +66,14 @@ def to_job(row: Row, *, strict: bool = False) -> Job:
         throttled_until=row[3] if row[19] is not None and not row[20] else None,
         result=row[21],
     )
+
+
+def _listed(row: Row, preview: int | None) -> Job:
+    """The job of a listing's row (``_search.list_columns``: the payload maybe cut,
+    its length last): a payload longer than ``preview`` as a PayloadPreview."""
+    if preview is None or row[-1] <= preview:
+        return to_job(row)
+    return replace(to_job((*row[:2], "null", *row[3:])), payload=PayloadPreview(row[2], row[-1]))
 
 
 class _Store(Protocol):
@@ -98,15 +115,25 @@ class PostgresInspection:
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``,
         of handler ``name`` when given, after the keyset cursor ``after`` (``(run_at,
         job id)`` of the last job of the previous page).
 
         One index range per state, merged here: ``limit`` rows read per state at most.
+        A payload search filters those rows in SQL, and a preview reads only the
+        payload's first characters (:mod:`._search`).
         """
         limit = check_limit(limit)
         cursor = check_list_cursor(after)
+        search = search_params(
+            check_payload_contains(payload_contains),
+            check_payload_at(payload_at),
+            check_preview(preview),
+        )
         if name is not None and not isinstance(name, str):
             raise InvalidOption(f"name must be a handler name (str), got {name!r}")
         states = list(JobState) if state is None else [JobState(state)]
@@ -128,10 +155,11 @@ class PostgresInspection:
                     limit=limit,
                     name=name,
                     after_id=None if cursor is None else cursor[1],
+                    **search,
                 ),
             )
         rows.sort(key=lambda r: (r[3], r[15]))
-        return [to_job(r) for r in rows[:limit]]
+        return [_listed(r, preview) for r in rows[:limit]]
 
     def next_due(self: _Store) -> float | None:
         rows = self._read("reading the next due time", self._sql.head, self._params())
@@ -146,10 +174,15 @@ class PostgresInspection:
         counts = {state: int(n or 0) for state, n in rows.items()}
         return Stats.from_counts(counts, due=due, next_due=head)
 
-    def dead_letters(self: _Store, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self: _Store, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
-        rows = self._read("listing dead letters", self._sql.dead_letters, self._params(limit=limit))
-        return [to_job(r) for r in rows]
+        preview = check_preview(preview)
+        rows = self._read(
+            "listing dead letters",
+            self._sql.dead_letters,
+            self._params(limit=limit, **search_params(None, None, preview)),
+        )
+        return [_listed(r, preview) for r in rows]
 
     def purge_dead(
         self: _Store, *, job_ids: Sequence[str] | None = None, older_than: float | None = None

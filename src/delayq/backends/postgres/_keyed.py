@@ -65,85 +65,92 @@ class PostgresKeyed:
 
     def enqueue_keyed(self: _Store, spec: JobSpec, policy: KeyPolicy) -> KeyedResult:
         """One keyed call (``spec.id`` is the key), decided by
-        :func:`delayq.keyed.decide` and stored in one transaction."""
+        :func:`delayq.keyed.decide` and stored in one transaction of two round trips
+        (pipeline mode): the lock and the reads, then the writes and the commit."""
         spec = check_spec(spec)
-        s = quoted(self.schema)
-        key = spec.id
         with self._conn("scheduling a keyed job") as conn:
             flow, groups = uses_flow([spec])
             if flow:  # committed before the job: no claim of it ignores its fields
                 self._mark_flow(conn, groups=groups, committed=True)
-            with conn.transaction():
-                cur = conn.cursor(row_factory=tuple_row)
-                params = self._params(lock=f"delayq.keyed.{self.schema}.{self.queue}.{key}")
-                now, ttl = cur.execute(
-                    f"SELECT {NOW}, %(ttl)s::float8 FROM pg_advisory_xact_lock(hashtext(%(lock)s))",
-                    params,
-                ).fetchone()  # type: ignore[misc]
-                decision = None
-                while decision is None:  # again when a claim took the job meanwhile
-                    decision = PostgresKeyed._decide_and_write(
-                        self, cur, s, spec, policy, now=now, ttl=ttl
-                    )
-                cur.execute(
-                    f"INSERT INTO {s}.keyed (queue, key, job_id, state) VALUES (%s, %s, %s, %s) "
-                    f"ON CONFLICT (queue, key) DO UPDATE SET job_id = excluded.job_id, "
-                    f"state = excluded.state",
-                    (self.queue, key, decision.job_id, decision.state.to_json()),
-                )
-            if decision.write:
+            done = None
+            while done is None:  # again when a claim took the job meanwhile
+                done = PostgresKeyed._transaction(self, conn, spec, policy)
+            decision, earlier = done
+            if earlier:
                 self._told(conn, decision.run_at)
         return KeyedResult(decision.job_id, decision.outcome, decision.run_at)
 
-    def _decide_and_write(
-        self: _Store,
-        cur: psycopg.Cursor[Any],
-        s: str,
-        spec: JobSpec,
-        policy: KeyPolicy,
-        *,
-        now: float,
-        ttl: float,
-    ) -> Decision | None:
-        """Read the key's record and current job, decide, write the job; None when the
-        job to update was claimed since the read (the call is decided again)."""
+    def _transaction(
+        self: _Store, conn: psycopg.Connection[Any], spec: JobSpec, policy: KeyPolicy
+    ) -> tuple[Decision, bool] | None:
+        """Lock the key, read, decide, write, commit; the decision and whether the
+        job's due time may be the new head; None when the job to update was
+        claimed since the read (nothing was written: the call is decided again)."""
+        s = quoted(self.schema)
         key = spec.id
-        # the record and its current job in one read (after the lock: a read in the
-        # locking statement would use a snapshot from before it)
-        found = cur.execute(
-            f"SELECT k.state, j.state, j.attempts, j.run_at, j.updated_at, j.payload "
-            f"FROM {s}.keyed k LEFT JOIN {s}.jobs j ON j.queue = k.queue "
-            f"AND j.id = k.job_id WHERE k.queue = %s AND k.key = %s",
-            (self.queue, key),
-        ).fetchone()
-        state = None if found is None else KeyState.from_json(key, found[0])
-        current = None
-        if (
-            found is not None
-            and found[1] is not None
-            and not is_expired(found[1], found[4], now - ttl)
-        ):
-            current = Current(JobState(found[1]), int(found[2]), float(found[3]))
-        due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
-        decision = decide(policy, key, state, current, now=now, due=due)
-        if decision.write and decision.create:
-            decision, stale = _first_free_run(cur, s, self.queue, decision, now=now, ttl=ttl)
-            PostgresKeyed._create(self, cur, s, spec, decision, stale=stale)
-        elif decision.write:
-            assert found is not None  # an update is of the key's current, open job
-            new = append_payload(found[5], spec.payload) if decision.append else spec.payload
-            # Only while it is still open: a claim does not take the advisory lock, and
-            # an update waiting on the claim's row lock would otherwise change a job
-            # that is running by then.
-            cur.execute(
-                f"UPDATE {s}.jobs SET payload = %s, run_at = %s, updated_at = %s, "
-                f"flow_run_at = NULL, parked = false WHERE queue = %s AND id = %s "
-                f"AND state = 'scheduled' AND attempts = 0",
-                (new, decision.run_at, now, self.queue, decision.job_id),
+        params = self._params(lock=f"delayq.keyed.{self.schema}.{self.queue}.{key}", key=key)
+        with conn.pipeline(), conn.transaction():
+            locked = conn.cursor(row_factory=tuple_row)
+            read = conn.cursor(row_factory=tuple_row)
+            locked.execute(
+                f"SELECT {NOW}, %(ttl)s::float8 FROM pg_advisory_xact_lock(hashtext(%(lock)s))",
+                params,
             )
-            if cur.rowcount != 1:
-                return None
-        return decision
+            # A statement of its own, after the lock: the lock's statement reads a
+            # snapshot from before it waited.
+            read.execute(_READ.format(s=s), params)
+            now, ttl = locked.fetchone()  # type: ignore[misc]
+            found = read.fetchone()
+            assert found is not None
+            state = None if found[0] is None else KeyState.from_json(key, found[0])
+            current = None
+            if found[1] is not None and not is_expired(found[1], found[4], now - ttl):
+                current = Current(JobState(found[1]), int(found[2]), float(found[3]))
+            due = float(spec.run_at) if spec.delay is None else now + max(0.0, spec.delay)
+            decision = decide(policy, key, state, current, now=now, due=due)
+            record = {**params, "job": decision.job_id, "state": decision.state.to_json()}
+            write = conn.cursor(row_factory=tuple_row)
+            if decision.write and decision.create:
+                known = (found[10], found[6:10])
+                decision, stale = _first_free_run(
+                    read, s, self.queue, decision, now=now, ttl=ttl, known=known
+                )
+                record.update(job=decision.job_id, state=decision.state.to_json())
+                if stale:  # a record at the id past result_ttl, not purged yet
+                    write.execute(
+                        f"DELETE FROM {s}.jobs WHERE queue = %(q)s AND id = %(job)s", record
+                    )
+                payload = append_payload(None, spec.payload) if decision.append else spec.payload
+                made = replace(
+                    spec, id=decision.job_id, payload=payload, run_at=decision.run_at, delay=None
+                )
+                write.execute(
+                    f"WITH w AS ({self._sql.insert}), {_RECORD.format(s=s)}",
+                    {**record, **self._insert_params([made])},
+                )
+            elif decision.write:
+                # Only while it is still open: a claim does not take the advisory lock, and
+                # an update waiting on the claim's row lock would otherwise change a job
+                # that is running by then. Nothing is written when it is not.
+                new = append_payload(found[5], spec.payload) if decision.append else spec.payload
+                write.execute(
+                    f"""WITH w AS (
+                        UPDATE {s}.jobs SET payload = %(payload)s, run_at = %(run_at)s,
+                            updated_at = %(at)s, flow_run_at = NULL, parked = false
+                        WHERE queue = %(q)s AND id = %(job)s
+                          AND state = 'scheduled' AND attempts = 0 RETURNING 1),
+                        {_RECORD.format(s=s)}""",
+                    {**record, "payload": new, "run_at": decision.run_at, "at": now},
+                )
+            else:
+                write.execute(f"WITH w AS (SELECT 1), {_RECORD.format(s=s)}", record)
+        row = write.fetchone()
+        if row is None or int(row[0]) != 1:
+            return None
+        earlier = decision.write and (
+            decision.create or current is None or decision.run_at < current.run_at
+        )
+        return decision, earlier
 
     _key_sweep_after = ""  # where the next sweep of released key records starts
 
@@ -152,24 +159,29 @@ class PostgresKeyed:
         after = getattr(self, "_key_sweep_after", "")
         self._key_sweep_after = sweep_keys(cur, self.schema, params, after)  # type: ignore[attr-defined]
 
-    def _create(
-        self: _Store,
-        cur: psycopg.Cursor[Any],
-        s: str,
-        spec: JobSpec,
-        decision: Decision,
-        *,
-        stale: bool,
-    ) -> None:
-        if stale:  # a record at the id past result_ttl, not purged yet
-            cur.execute(
-                f"DELETE FROM {s}.jobs WHERE queue = %s AND id = %s", (self.queue, decision.job_id)
-            )
-        payload = append_payload(None, spec.payload) if decision.append else spec.payload
-        made = replace(
-            spec, id=decision.job_id, payload=payload, run_at=decision.run_at, delay=None
-        )
-        cur.execute(self._sql.insert, self._insert_params([made]))
+
+# The key's record, its current job, and the job row at the id of the key's next
+# run (the id a new run takes unless something holds it: read ahead, so a create
+# needs no read of its own).
+_READ = """
+    SELECT k.state, j.state, j.attempts, j.run_at, j.updated_at, j.payload,
+           n.state, n.attempts, n.run_at, n.updated_at, c.id
+    FROM (SELECT CASE WHEN k0.state IS NULL THEN %(key)s
+                      ELSE %(key)s || '#' || ((k0.state::json ->> 1)::int + 1) END AS id
+          FROM (SELECT 1) one
+          LEFT JOIN {s}.keyed k0 ON k0.queue = %(q)s AND k0.key = %(key)s) c
+    LEFT JOIN {s}.keyed k ON k.queue = %(q)s AND k.key = %(key)s
+    LEFT JOIN {s}.jobs j ON j.queue = %(q)s AND j.id = k.job_id
+    LEFT JOIN {s}.jobs n ON n.queue = %(q)s AND n.id = c.id"""
+
+# The key's record written when the job write ``w`` wrote a row; one row back: how
+# many it wrote.
+_RECORD = """k AS (
+        INSERT INTO {s}.keyed (queue, key, job_id, state)
+        SELECT %(q)s, %(key)s, %(job)s, %(state)s WHERE EXISTS (SELECT 1 FROM w)
+        ON CONFLICT (queue, key) DO UPDATE SET job_id = excluded.job_id, state = excluded.state
+        RETURNING 1)
+    SELECT count(*) FROM w"""
 
 
 def _job_row(cur: psycopg.Cursor[Any], s: str, queue: str, job_id: str) -> Any:
@@ -180,14 +192,27 @@ def _job_row(cur: psycopg.Cursor[Any], s: str, queue: str, job_id: str) -> Any:
 
 
 def _first_free_run(
-    cur: psycopg.Cursor[Any], s: str, queue: str, decision: Decision, *, now: float, ttl: float
+    cur: psycopg.Cursor[Any],
+    s: str,
+    queue: str,
+    decision: Decision,
+    *,
+    now: float,
+    ttl: float,
+    known: tuple[str | None, Any] = (None, None),
 ) -> tuple[Decision, bool]:
     """``decision`` moved past run ids another record still holds (a released key
     starts again at run 1; an earlier run or a plain job may hold the id), and
-    whether a record past result_ttl (to delete) is at the id it lands on."""
+    whether a record past result_ttl (to delete) is at the id it lands on.
+    ``known``: an id and its row (state, attempts, run_at, updated_at; the state
+    None when there is none) already read."""
     state = decision.state
     while True:
-        row = _job_row(cur, s, queue, state.job_id)
+        if known[0] == state.job_id:
+            row = None if known[1][0] is None else known[1]
+        else:
+            row = _job_row(cur, s, queue, state.job_id)
+        known = (None, None)
         if row is None or is_expired(row[0], row[3], now - ttl):
             break
         state = replace(state, runs=state.runs + 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from delayq.backends.postgres._schema import quoted
+from delayq.backends.postgres._search import SEARCH, list_columns
 
 __all__ = ["COLUMNS", "CUTOFF", "FLOW_JOB", "NOW", "PARKED_AT", "Statements"]
 
@@ -130,6 +131,7 @@ class Statements:
         counts = f"{quoted(schema)}.counts"
         meta = f"{quoted(schema)}.meta"
         not_expired = f"NOT (state IN {_TTL} AND updated_at <= {CUTOFF})"
+        listed = list_columns(COLUMNS)
         # list_jobs' keyset cursor: the job after (run_at, seq) of the cursor's job;
         # gone, its seq counts as 0 (a page may repeat, never skip).
         after_cursor = f"""AND (%(after_id)s::text IS NULL OR (run_at, seq) > (
@@ -311,18 +313,18 @@ class Statements:
             # list_jobs of one state (the dashboard's list of every state is a
             # merge of these, one index range each).
             list_by_state=f"""
-                SELECT {COLUMNS} FROM {jobs}
+                SELECT {listed} FROM {jobs}
                 WHERE queue = %(q)s AND state = %(state)s
                   AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
-                  {after_cursor}
+                  {after_cursor}{SEARCH}
                 ORDER BY run_at, seq LIMIT %(limit)s""",
             # ... of one handler: its own index range (jobs_name), not a filter
             # over every handler's jobs of the state.
             list_by_name=f"""
-                SELECT {COLUMNS} FROM {jobs}
+                SELECT {listed} FROM {jobs}
                 WHERE queue = %(q)s AND name = %(name)s AND state = %(state)s
                   AND run_at >= %(low)s AND run_at < %(high)s AND {not_expired}
-                  {after_cursor}
+                  {after_cursor}{SEARCH}
                 ORDER BY run_at, seq LIMIT %(limit)s""",
             head=f"""
                 SELECT run_at FROM {jobs} WHERE queue = %(q)s AND state = 'scheduled'
@@ -391,7 +393,7 @@ class Statements:
                 SELECT count(*) FROM {jobs}
                 WHERE queue = %(q)s AND state = 'scheduled' AND run_at <= {NOW}""",
             dead_letters=f"""
-                SELECT {COLUMNS} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
+                SELECT {listed} FROM {jobs} WHERE queue = %(q)s AND state = 'dead'
                 ORDER BY updated_at DESC, seq DESC LIMIT %(limit)s""",
             # A bounded batch (one transaction each), counted on the server.
             purge_dead=f"""

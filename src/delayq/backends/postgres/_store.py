@@ -146,6 +146,7 @@ class PostgresBackend(
             "server_clock",
             "definite_cancel",
             "inspect",
+            "payload_search",
             "transactional_enqueue",
             "recurring",
             "flow_control",

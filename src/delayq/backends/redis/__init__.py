@@ -30,6 +30,8 @@ there)::
     P:{Q}:limits ...   flow control: limit records, the ready stage (by priority
                              and group), parked jobs, slots and rate state per
                              key (described in ``lua/_flow.lua``)
+    P:{Q}:done         CHANNEL pub/sub: the id of each job acked with a result, for
+                             result() waiters in other processes (a hint)
     P:{Q}:keyed:<key> HASH keyed calls: the key's record (its current job and
                              counters; ``lua/keyed.lua``), gone with its current job
 

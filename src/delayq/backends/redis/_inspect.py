@@ -9,14 +9,17 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from delayq.backends._common import (
     PURGE_BATCH,
     check_limit,
+    check_preview,
     check_run_at,
     check_when,
     filtered_page,
+    listed_payload,
 )
 from delayq.backends._workers import check_worker_beat, check_worker_id
 from delayq.backends.base import WORKER_FORGET_AFTER, WorkerBeat
@@ -89,6 +92,7 @@ class RedisInspection:
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties); the window is ``due_after <= run_at < due_before``.
 
@@ -97,7 +101,19 @@ class RedisInspection:
         inspection call but grows with the number of running/finished records.
         A ``name`` filter or an ``after`` cursor walks that same listing from the
         cursor's due time (``_common.filtered_page``).
+        A ``preview`` cuts payloads after they are read (the hash is read whole);
+        no payload search (``payload_search``): it would read every payload.
         """
+        if check_preview(preview) is not None:
+            listed = self.list_jobs(
+                state=state,
+                due_after=due_after,
+                due_before=due_before,
+                limit=limit,
+                name=name,
+                after=after,
+            )
+            return [replace(j, payload=listed_payload(_text(j.payload), preview)) for j in listed]
         if name is not None or after is not None:
             return filtered_page(
                 lambda start, n: self.list_jobs(
@@ -158,11 +174,15 @@ class RedisInspection:
         )
         return Stats.from_counts(counts, due=int(r[1]), next_due=optional_float(r[7]))
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
         self._check_open()
         ids = self._members(lambda: self._redis.zrevrange(self._keys["dead"], 0, limit - 1))
-        return [j for j in self._fetch(ids) if j.state is JobState.DEAD]
+        dead = [j for j in self._fetch(ids) if j.state is JobState.DEAD]
+        if preview is None:
+            return dead
+        return [replace(j, payload=listed_payload(_text(j.payload), preview)) for j in dead]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
@@ -227,3 +247,8 @@ class RedisInspection:
     def forget_worker(self, worker_id: str) -> None:
         worker_id = check_worker_id(worker_id)
         self._call(lambda: self._redis.hdel(self._keys["workers"], worker_id), retry=True)
+
+
+def _text(payload: Any) -> str:
+    """A payload read back as the compact JSON text the codec stored."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

@@ -48,4 +48,5 @@ def queue_keys(prefix: str, queue: str) -> dict[str, str]:
     keys["held"] = ns + "held"
     keys["keyed:"] = ns + "keyed:"  # keyed calls: one record per key (lua/keyed.lua)
     keys["workers"] = ns + "workers"  # worker heartbeats: a hash, id -> {"data", "seen"}
+    keys["done"] = ns + "done"  # a pub/sub channel: ids of jobs acked with a result
     return keys

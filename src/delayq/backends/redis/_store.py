@@ -546,6 +546,11 @@ class RedisBackend(RedisInspection, RedisSchedules, RedisLimits, RedisKeyed):
         self._wakes.wake_local()
 
     # -- lifecycle --------------------------------------------------------------------
+    def listen_for_finishes(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Hear the results other processes record (``TellsFinishes``): ``ack_job``
+        publishes each id on the queue's ``done`` channel."""
+        return self._wakes.listen_for_results(on_finished)
+
     def close(self) -> None:
         """Close the connections and wake every waiter. Idempotent."""
         if self._wakes.closed:

@@ -19,7 +19,11 @@ from typing import Any
 import redis
 
 from delayq.backends.redis._connection import Connection, mapped_errors
-from delayq.backends.redis._expiry import ExpirySubscriber
+from delayq.backends.redis._expiry import (
+    ChannelSubscriber,
+    expiry_subscriber,
+    results_subscriber,
+)
 from delayq.clock import SYSTEM_CLOCK, Clock
 from delayq.errors import BackendError, BackendUnavailable
 
@@ -85,8 +89,8 @@ class Wakeups:
     ``next_wake`` runs the ``next_wake`` script (``"<ms until> <epoch ms>"`` of
     the next due job or lease expiry, ``""`` for none).
 
-    Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``closed`` and
-    ``_subscriber``. The hint is per thread (``threading.local``).
+    Lock rule: ``_lock`` guards ``_waiters``, ``_in_redis``, ``closed``,
+    ``_subscriber`` and ``_results``. The hint is per thread (``threading.local``).
     """
 
     def __init__(
@@ -113,7 +117,8 @@ class Wakeups:
         self._hint = threading.local()
         self.closed = False
         self.unblock = True  # CLIENT ID / UNBLOCK allowed (else bounded waits; set once)
-        self._subscriber: ExpirySubscriber | None = None
+        self._subscriber: ChannelSubscriber | None = None
+        self._results: ChannelSubscriber | None = None  # results told by other processes
         self._local = _local_wake(f"{conn.address}/{keys['due']}")
 
     def set_hint(self, ms: float | None, at_ms: float | None) -> None:
@@ -403,7 +408,7 @@ class Wakeups:
     def _ensure_subscriber(self) -> None:
         with self._lock:
             if self._subscriber is None and not self.closed:
-                self._subscriber = ExpirySubscriber(
+                self._subscriber = expiry_subscriber(
                     subscriber=lambda: self._conn.blocking_node().pubsub(
                         ignore_subscribe_messages=True
                     ),
@@ -413,17 +418,35 @@ class Wakeups:
                     wake=self.wake_local,
                 )
 
+    def listen_for_results(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Hear the ids of the jobs other processes finish with a result (once)."""
+        with self._lock:
+            if self.closed:
+                return False
+            if self._results is None:
+                self._results = results_subscriber(
+                    subscriber=lambda: self._conn.blocking_node().pubsub(
+                        ignore_subscribe_messages=True
+                    ),
+                    channel=self._keys["done"],
+                    queue=self.queue,
+                    on_finished=on_finished,
+                )
+            return True
+
     def close(self) -> None:
-        """Wake every waiter and stop the subscriber. Idempotent."""
+        """Wake every waiter and stop the subscribers. Idempotent."""
         with self._lock:
             if self.closed:
                 return
             keys = list(self._waiters)
             subscriber, self._subscriber = self._subscriber, None
+            results, self._results = self._results, None
         if keys:
             self.wake_local()
         with self._lock:
             self.closed = True
         self._local.notify()
-        if subscriber is not None:
-            subscriber.stop()
+        for sub in (subscriber, results):
+            if sub is not None:
+                sub.stop()

@@ -52,6 +52,7 @@ table.
 Layout: ``_schema`` (tables, named queries, opening a connection), ``_ops``
 (what each transaction does to rows), ``_turns`` (writers taking turns),
 ``_store`` (transactions, group commit, waking, the contract methods),
+``_finished`` (telling result waiters in other processes),
 ``_schedules`` (recurring schedule records, the ``recurring`` feature).
 """
 

@@ -29,6 +29,9 @@ from delayq.backends._common import (
     check_limit,
     check_list_cursor,
     check_max_wait,
+    check_payload_at,
+    check_payload_contains,
+    check_preview,
     check_result_ttl,
     check_run_at,
     check_spec,
@@ -36,6 +39,7 @@ from delayq.backends._common import (
 )
 from delayq.backends._urls import merge_options, split_url
 from delayq.backends.base import Completion
+from delayq.backends.sqlite._finished import FinishChannel
 from delayq.backends.sqlite._flow import SQLiteLimits
 from delayq.backends.sqlite._group import EnqueueRequest, GroupCommit
 from delayq.backends.sqlite._inspect import SQLiteInspection
@@ -59,6 +63,7 @@ from delayq.backends.sqlite._schema import (
     open_connection,
     to_job,
 )
+from delayq.backends.sqlite._search import listed_job, payload_filters, preview_select
 from delayq.backends.sqlite._turns import TurnTimeout, WriteTurns, open_turns
 from delayq.backends.sqlite._wake import WakeChannel
 from delayq.clock import SYSTEM_CLOCK, Clock
@@ -146,6 +151,7 @@ class SQLiteBackend(
             "durable",
             "definite_cancel",
             "inspect",
+            "payload_search",
             "recurring",
             "flow_control",
             "results",
@@ -181,6 +187,7 @@ class SQLiteBackend(
         self._last_purge = float("-inf")
         self._pid = os.getpid()
         self._wake: WakeChannel | None = None
+        self._finished: FinishChannel | None = None  # tells other processes of results
         self._wake_failures_seen: int | None = None
         self._wake_distrusted = False
         self._turns: WriteTurns | None = None
@@ -190,6 +197,7 @@ class SQLiteBackend(
             self._readers = ReadConnections(self.path, busy_timeout=self._busy_timeout)
             self._turns = open_turns(self.path)
             self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
+            self._finished = FinishChannel(self.path)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
@@ -257,6 +265,8 @@ class SQLiteBackend(
                 self._turns = open_turns(self.path)
             if self._wake is not None:
                 self._wake = WakeChannel(self.path, self._woken, self._wake_undelivered)
+            if self._finished is not None:
+                self._finished = FinishChannel(self.path)
         return self._conn
 
     def _write(
@@ -498,7 +508,26 @@ class SQLiteBackend(
                 self._housekeeping(conn, now)
                 claims = ops.claim_due(conn, now, limit, lease)
         self._wake_if_earlier(earliest, head)
+        self._tell_results(items, results)
         return results, claims
+
+    def _tell_results(self, items: Sequence[Completion], answers: Sequence[object]) -> None:
+        """After the commit: tell result waiters in other processes (``_finished``)."""
+        finished = self._finished
+        if finished is None:
+            return
+        ids = [
+            item.claim.job.id
+            for item, stale in zip(items, answers, strict=True)
+            if item.result is not None and stale is None
+        ]
+        if ids:
+            finished.send(ids)
+
+    def listen_for_finishes(self, on_finished: Callable[[list[str]], None]) -> bool:
+        """Hear the results other processes record (``TellsFinishes``, ``_finished``)."""
+        finished = self._finished
+        return finished is not None and finished.listen(on_finished)
 
     def extend(self, claim: Claim, lease: float) -> Claim:
         lease = check_lease(lease)
@@ -630,18 +659,26 @@ class SQLiteBackend(
         limit: int = 100,
         name: str | None = None,
         after: tuple[float, str] | None = None,
+        preview: int | None = None,
+        payload_contains: str | None = None,
+        payload_at: tuple[str, object] | None = None,
     ) -> list[Job]:
         """Jobs in ``run_at`` order (FIFO ties), due in ``due_after <= run_at < due_before``.
 
         Walks ``(state, run_at, seq)`` or ``(run_at, seq)`` from the cursor; a
         ``name`` filter walks ``(name, state, run_at, seq)``: one range per state
         (at most ``limit`` rows each) merged here, so a rare name costs no more
-        than a common one.
+        than a common one. A payload search filters those rows in SQL, and a
+        preview selects only the payload's first characters (:mod:`._search`).
         """
         limit = check_limit(limit)
         cursor = check_list_cursor(after)
-        where = [NOT_EXPIRED]
-        params: list[Any] = [self._cutoff(self._clock.time())]
+        preview = check_preview(preview)
+        searched, search_params = payload_filters(
+            check_payload_contains(payload_contains), check_payload_at(payload_at)
+        )
+        where = [NOT_EXPIRED, *searched]
+        params: list[Any] = [self._cutoff(self._clock.time()), *search_params]
         if name is not None:
             where.append("name = ?")
             params.append(name)
@@ -663,17 +700,18 @@ class SQLiteBackend(
         else:
             states = [s.value for s in JobState] if name is not None else [None]
         index = "INDEXED BY delayq_jobs_name " if name is not None else ""
+        select, cut = (SELECT, []) if preview is None else (preview_select(), [preview])
         rows: list[Any] = []
         with self._read("listing jobs") as conn:
             for one in states:
                 clause = where if one is None else [*where, "state = ?"]
                 rows += conn.execute(
-                    f"{SELECT} {index}WHERE {' AND '.join(clause)} ORDER BY run_at, seq LIMIT ?",
-                    (*params, *([] if one is None else [one]), limit),
+                    f"{select} {index}WHERE {' AND '.join(clause)} ORDER BY run_at, seq LIMIT ?",
+                    (*cut, *params, *([] if one is None else [one]), limit),
                 ).fetchall()
         if len(states) > 1:
             rows.sort(key=lambda r: (r[4], r[0]))  # run_at, seq (COLUMNS)
-        return [to_job(r) for r in rows[:limit]]
+        return [listed_job(r, preview) for r in rows[:limit]]
 
     def next_due(self) -> float | None:
         with self._read("reading the next due time") as conn:
@@ -699,14 +737,16 @@ class SQLiteBackend(
             head = ops.head(conn)
         return Stats.from_counts(counts, due=due, next_due=head)
 
-    def dead_letters(self, *, limit: int = 100) -> list[Job]:
+    def dead_letters(self, *, limit: int = 100, preview: int | None = None) -> list[Job]:
         limit = check_limit(limit)
+        preview = check_preview(preview)
+        select, cut = (SELECT, []) if preview is None else (preview_select(), [preview])
         with self._read("listing dead letters") as conn:
             rows = conn.execute(
-                f"{SELECT} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
-                (limit,),
+                f"{select} WHERE state = 'dead' ORDER BY updated_at DESC, seq DESC LIMIT ?",
+                (*cut, limit),
             ).fetchall()
-        return [to_job(r) for r in rows]
+        return [listed_job(r, preview) for r in rows]
 
     def requeue_dead(
         self, job_id: str, run_at: float | None = None, *, delay: float | None = None
@@ -783,6 +823,9 @@ class SQLiteBackend(
             if self._readers is not None:
                 self._readers.close()
             wake = self._wake if ours else None
+            finished = self._finished if ours else None
         if wake is not None:
             wake.close()
+        if finished is not None:
+            finished.close()
         self._woken()

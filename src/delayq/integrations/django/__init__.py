@@ -16,7 +16,9 @@ Tasks and handlers are registered on :func:`get_app` (``app = get_app()`` in a
 ``transaction.on_commit``, so ``app.schedule(..., on_commit=True)`` and
 ``task.options(on_commit=True).schedule(...)`` store the job only when the
 current transaction commits (of the ``default`` database; at once outside a
-transaction). ``manage.py delayq_worker`` runs a worker until SIGINT / SIGTERM;
+transaction). On PostgreSQL, ``schedule(..., connection=django.db.connection)``
+writes the job in that very transaction instead (the store and the project's
+database being one). ``manage.py delayq_worker`` runs a worker until SIGINT / SIGTERM;
 ``--once`` runs the jobs due now in the command's own thread and exits (cron, tests).
 Needs ``pip install 'delayq[django]'``.
 """

@@ -435,6 +435,9 @@ local function ack_job(key, id, state, outcome, result)
   end
   if result ~= '' then
     redis.call('HSET', key, 'result', result)
+    -- Tell result() waiters in other processes (channel P:{Q}:done; JOB_PREFIX is
+    -- P:{Q}:job:). A hint: a waiter that misses it reads the job after its pause.
+    redis.call('PUBLISH', string.sub(JOB_PREFIX, 1, -5) .. 'done', id)
   else
     redis.call('HDEL', key, 'result')
   end

@@ -127,7 +127,7 @@ else
 end
 
 local key = job_key(job)
-local before = nil
+local changed, before = false, nil -- whether the due set changed, and its head before
 if write == 'create' or write == 'append_new' then
   local state = live_state(key, job)
   while state do
@@ -141,7 +141,7 @@ if write == 'create' or write == 'append_new' then
   if state == 'scheduled' or state == 'running' then
     return {'conflict', 'exists', job, state}
   end
-  before = head_score()
+  changed, before = true, head_score()
   if write == 'append_new' then
     payload = '[' .. payload .. ']'
   end
@@ -157,7 +157,7 @@ if write == 'create' or write == 'append_new' then
   schedule(key, job, run_at, true)
   redis.call('PERSIST', K_KEY) -- a new run holds the record (see key_finished)
 elseif write == 'update' then
-  before = head_score()
+  changed, before = true, head_score()
   unschedule(key, job)
   redis.call('HSET', key, 'payload', payload, 'run_at', fmt(run_at), 'updated_at', fmt(NOW),
     'kkey', key_name) -- (a job put there by a plain enqueue becomes the key's run)
@@ -175,7 +175,7 @@ redis.call('HSET', K_KEY, 'job', job, 'mode', new.mode, 'runs', new.runs,
   'first_at', fmt(new.first_at), 'window_end', fmt(new.window_end), 'extended', new.extended,
   'items', new.items, 'calls', new.calls)
 local woke = 0
-if before ~= nil then -- the due set changed
+if changed then -- (an empty due set has no head: before is nil, and any head is earlier)
   woke = wake_if_earlier(before)
 end
 return {outcome, job, fmt(run_at), woke}
