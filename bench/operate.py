@@ -23,7 +23,10 @@ What is measured (the public calls a dashboard or a worker makes):
   while 8 clients (another process) each fetch the overview page,
   ``/api/overview``, ``/api/jobs?limit=100`` and a ``name=`` search every 100 ms,
   the two taking turns (four of each) so that the machine's changing load meets
-  both. Lateness p50 / p99 / max of each.
+  both. Lateness p50 / p99 / max of each. ``--in-process`` serves that dashboard
+  from the worker's own process (as ``--web-port`` did before), to compare;
+  ``--search`` adds a payload search that matches nothing (a walk of every
+  pending job) to what the clients fetch.
 
 The machine may be shared and loaded: numbers are indicative.
 """
@@ -119,14 +122,19 @@ def hook_cost(calls: int) -> None:
 
 _PATHS = ("/", "/api/overview", "/api/jobs?limit=100", "/api/jobs?name=nope&limit=50")
 
+_SEARCH = "/api/jobs?payload_contains=nope&limit=50"
+"""A payload search no job matches: a walk of every pending job (``--search``)."""
 
-def _client(base: str, stop_at: float, interval: float, counts: Any) -> None:
-    """One polling client: every ``interval`` s the next of :data:`_PATHS`."""
+
+def _client(
+    base: str, stop_at: float, interval: float, counts: Any, paths: Sequence[str] = _PATHS
+) -> None:
+    """One polling client: every ``interval`` s the next of ``paths``."""
     i = 0
     while time.time() < stop_at:
         started = time.perf_counter()
         try:
-            with urllib.request.urlopen(base + _PATHS[i % len(_PATHS)], timeout=30) as r:
+            with urllib.request.urlopen(base + paths[i % len(paths)], timeout=30) as r:
                 r.read()
             with counts.get_lock():
                 counts[0] += 1
@@ -138,10 +146,13 @@ def _client(base: str, stop_at: float, interval: float, counts: Any) -> None:
         time.sleep(max(0.0, interval - (time.perf_counter() - started)))
 
 
-def _clients(base: str, seconds: float, n: int, interval: float, counts: Any) -> None:
+def _clients(
+    base: str, seconds: float, n: int, interval: float, counts: Any, paths: Sequence[str]
+) -> None:
     stop_at = time.time() + seconds
     threads = [
-        threading.Thread(target=_client, args=(base, stop_at, interval, counts)) for _ in range(n)
+        threading.Thread(target=_client, args=(base, stop_at, interval, counts, paths))
+        for _ in range(n)
     ]
     for t in threads:
         t.start()
@@ -187,6 +198,7 @@ def polled_worker(
     rounds: int = 4,
     *,
     in_process: bool = False,
+    search: bool = False,
 ) -> None:
     from delayq.cli.worker import WorkerOps  # noqa: PLC0415
     from delayq.worker import Worker  # noqa: PLC0415
@@ -241,7 +253,14 @@ def polled_worker(
                     start = time.time()
                     proc = multiprocessing.Process(
                         target=_clients,
-                        args=(ops.web_url.rstrip("/"), seconds / rounds, clients, interval, counts),
+                        args=(
+                            ops.web_url.rstrip("/"),
+                            seconds / rounds,
+                            clients,
+                            interval,
+                            counts,
+                            (*_PATHS, _SEARCH) if search else _PATHS,
+                        ),
                     )
                     proc.start()
                     proc.join()
@@ -263,6 +282,7 @@ def polled_worker(
         f"\nworker lateness, SQLite with {pending:,} pending jobs, a tick due every 20 ms "
         f"({seconds:.0f} s each, in {rounds} turns of alone / polled); the dashboard in "
         + ("the worker's process" if in_process else "a child process")
+        + (", a payload search among the polled paths" if search else "")
     )
     print(f"  alone:                       {_pcts(alone)}")
     print(f"  {clients} clients polling every {interval * 1000:.0f} ms: {_pcts(polled)}")
@@ -283,13 +303,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="Serve the polled dashboard from the worker's process (the old way), to compare.",
     )
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="The pollers also search the payloads (no match: a walk of every pending job).",
+    )
     args = parser.parse_args(argv)
     if not args.only_polled:
         pages(100_000 if args.quick else 1_000_000)
         metrics_cost(100_000 if args.quick else 500_000)
         hook_cost(20_000 if args.quick else 100_000)
     pending = args.polled_jobs or (50_000 if args.quick else 200_000)
-    polled_worker(pending, 8.0 if args.quick else 20.0, in_process=args.in_process)
+    polled_worker(
+        pending, 8.0 if args.quick else 20.0, in_process=args.in_process, search=args.search
+    )
     return 0
 
 

@@ -294,3 +294,22 @@ def check_schedule_name(name: object) -> str:
     if problem is not None:
         raise InvalidOption(f"schedule name {problem}")
     return name
+
+
+def check_handler_names(names: object) -> frozenset[str] | None:
+    """A claim's or a worker's handler filter (``names=`` / ``handlers=``): None
+    (every handler), or a non-empty collection of non-empty names (a str alone is
+    refused: ``"a,b"`` would be its characters)."""
+    if names is None:
+        return None
+    if isinstance(names, str | bytes) or not hasattr(names, "__iter__"):
+        raise InvalidOption(
+            f"handler names must be a collection of names (['a', 'b']), got {names!r}"
+        )
+    chosen = frozenset(names)
+    if not chosen:
+        raise InvalidOption("handler names must name at least one handler (None for all)")
+    for name in chosen:
+        if not isinstance(name, str) or not name:
+            raise InvalidOption(f"handler names must be non-empty strs, got {name!r}")
+    return chosen

@@ -58,6 +58,7 @@ KEYED = frozenset(
         "test_a_released_key_never_overwrites_an_earlier_runs_dead_letter",
         "test_a_throttle_window_outlives_its_runs_purge",
         "test_an_append_call_on_a_key_whose_open_run_is_not_a_batch_starts_its_own",
+        "test_a_keyed_call_into_an_empty_due_set_wakes_a_waiting_worker",
         "test_a_new_run_skips_an_id_a_plain_job_already_holds",
     }
 )
@@ -76,6 +77,28 @@ RESULTS = frozenset(
 )
 """The result tests (feature ``results``): skipped by a store that keeps no finished records."""
 
+HANDLER_FILTER = frozenset(
+    {
+        "test_a_filtered_claim_returns_only_those_names_in_due_order",
+        "test_a_filtered_claim_takes_its_limit_from_the_head_of_its_names",
+        "test_a_filtered_claim_leaves_other_names_due_jobs_untouched",
+        "test_a_filtered_claim_of_a_name_without_jobs_claims_nothing",
+        "test_a_filtered_claim_is_never_early",
+        "test_a_filtered_claim_returns_expired_leases_of_every_name",
+        "test_complete_and_claim_with_names_claims_only_those_names",
+        "test_cancel_reschedule_and_retry_of_filtered_jobs_work_as_before",
+        "test_an_empty_or_bad_handler_filter_is_refused",
+        "test_a_filtered_wait_sleeps_past_other_names_due_jobs_until_its_own_head",
+        "test_a_filtered_wait_with_nothing_of_its_names_sleeps_for_max_wait",
+        "test_a_filtered_wait_wakes_when_a_job_of_its_names_arrives_before_its_head",
+        "test_a_filtered_wait_returns_at_once_when_a_job_of_its_names_is_due",
+        "test_a_filtered_waiter_on_another_handle_is_woken_by_a_new_head_of_its_names",
+        "test_a_filtered_claim_keeps_the_flow_limits",
+    }
+)
+"""The handler-filter tests (feature ``handler_filter``): skipped by a store whose claim
+cannot take only some handlers' jobs."""
+
 SKIPPED: dict[str, frozenset[str]] = {
     "memory": frozenset(
         {
@@ -85,11 +108,14 @@ SKIPPED: dict[str, frozenset[str]] = {
             "test_an_edit_through_one_handle_is_seen_by_another",
             "test_records_survive_reopening_the_store",
             "test_two_handles_share_the_limits",
+            "test_a_filtered_waiter_on_another_handle_is_woken_by_a_new_head_of_its_names",
         }
     ),
     "sqlite": frozenset(),
-    "redis": PAYLOAD_SEARCH,
-    "postgres": frozenset(
+    # one due set for every handler (no per-handler index to claim or wait on yet)
+    "redis": PAYLOAD_SEARCH | HANDLER_FILTER,
+    "postgres": HANDLER_FILTER
+    | frozenset(
         {
             # attempts counted at claim, not from a recorded start (no attempt_at_start yet)
             "test_a_job_whose_leases_keep_expiring_unstarted_is_buried_after_max_unstarted",
@@ -149,7 +175,8 @@ SKIPPED: dict[str, frozenset[str]] = {
     | PAYLOAD_SEARCH  # a broker keeps no index of jobs to search
     | KEYED  # a broker keeps no record per key to decide a call against
     | RESULTS  # no finished records to keep a result with
-    | FLOW_CONTROL,  # a broker hands messages out in its own order; no claim step to limit
+    | FLOW_CONTROL  # a broker hands messages out in its own order; no claim step to limit
+    | HANDLER_FILTER,  # every delivery of the ready queue goes to any consumer
 }
 """store name -> names of the contract tests skipped for it (missing features)."""
 

@@ -64,8 +64,10 @@ SCALE = 0.1
 MAX_REAL_WAIT = 3.5
 """The longest real wait for test time to pass (35 test seconds); longer jumps skip."""
 
-DEADLINE = 2.0
-"""Real seconds a claim waits for jobs the test expects to be due."""
+DEADLINE = 6.0
+"""Real seconds a claim waits for jobs the test expects to be due (it returns as soon
+as they came: the bound only matters on a loaded machine, where a delivery through
+the levels and the queue's log took over 2 s)."""
 
 SETTLE = 0.1
 """Real seconds a claim lets pass after the last enqueue or retry, so that what the broker

@@ -60,6 +60,20 @@ def waits(payload: dict[str, Any]) -> None:
         time.sleep(0.01)
 
 
+@app.handler("pauses", timeout=2.0)
+def pauses(payload: dict[str, Any]) -> None:
+    """Like ``waits``, but first waits for ``payload["nudge"]`` and logs once it is
+    there (a log record wakes the parent's thread that waits for this child)."""
+    import logging  # noqa: PLC0415
+
+    _report(payload)
+    while not Path(payload["nudge"]).exists():
+        time.sleep(0.01)
+    logging.getLogger("tests.pool_app").warning("nudged")
+    while not Path(payload["release"]).exists():
+        time.sleep(0.01)
+
+
 @app.handler("spins", timeout=2.0)
 def spins(payload: dict[str, Any]) -> None:
     _report(payload)

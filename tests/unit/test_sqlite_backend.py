@@ -170,6 +170,60 @@ def test_the_claim_query_reads_only_the_rows_it_returns(db: str, clock: FakeCloc
     assert len(steps) < 2.5 * small
 
 
+@pytest.mark.parametrize(
+    ("query", "params"),
+    [(schema_module.CLAIM_DUE_OF, ("mine", 1.0, 10)), (schema_module.HEAD_OF, ("mine",))],
+    ids=["claim_of_a_handler", "head_of_a_handler"],
+)
+def test_the_handler_filter_queries_search_the_name_index(
+    db: str, clock: FakeClock, query: str, params: tuple[object, ...]
+) -> None:
+    backend = SQLiteBackend(db, clock=clock, synchronous="normal")
+    try:
+        t0 = clock.time()
+        backend.enqueue([spec(f"o{i}", t0 + i, name="other") for i in range(2000)])
+        backend.enqueue([spec(f"m{i}", t0 + i, name="mine") for i in range(50)])
+        backend._conn.execute("ANALYZE")
+        plan = " | ".join(
+            row[3] for row in backend._conn.execute(f"EXPLAIN QUERY PLAN {query}", params)
+        )
+    finally:
+        backend.close()
+    assert "SEARCH delayq_jobs USING" in plan and "INDEX delayq_jobs_name" in plan, plan
+    assert "SCAN delayq_jobs" not in plan and "TEMP B-TREE" not in plan, plan
+
+
+def _filtered_claim_steps(path: str, clock: FakeClock, backlog: int) -> int:
+    """VM instructions of one filtered claim beside ``backlog`` due jobs of another handler."""
+    backend = SQLiteBackend(path, clock=clock, synchronous="normal")
+    try:
+        t0 = clock.time()
+        backend.enqueue([spec(f"o{i}", t0 - 1, name="other") for i in range(backlog)])
+        backend.enqueue([spec(f"m{i}", t0 - 1, name="mine") for i in range(20)])
+        backend.claim(limit=1, lease=30, now=t0, names=["mine"])  # housekeeping done
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        backend._conn.set_progress_handler(count, 1)
+        claims = backend.claim(limit=10, lease=30, now=t0, names=["mine", "nobody"])
+        backend._conn.set_progress_handler(None, 1)
+        assert [c.job.id for c in claims] == [f"m{i}" for i in range(1, 11)]
+        return steps[0]
+    finally:
+        backend.close()
+
+
+def test_a_filtered_claim_costs_the_same_beside_any_backlog_of_other_handlers(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    small = _filtered_claim_steps(str(tmp_path / "small.db"), clock, 500)
+    big = _filtered_claim_steps(str(tmp_path / "big.db"), clock, 5000)
+    assert big < 1.5 * small, (small, big)
+
+
 def test_integrity_check_is_ok_after_a_workload(db: str, clock: FakeClock) -> None:
     backend = SQLiteBackend(db, clock=clock, synchronous="normal", result_ttl=10)
     try:

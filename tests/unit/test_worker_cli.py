@@ -36,7 +36,7 @@ class _Recorded:
     options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, app: DelayQ, **options: Any) -> None:
-        Worker(app, **options)
+        self.handlers = Worker(app, **options).handlers
         _Recorded.options = options
         self.concurrency = options["concurrency"]
         self.lease = options["lease"]
@@ -91,6 +91,7 @@ def test_the_worker_defaults_leave_timeouts_off_and_a_five_minute_grace(
     assert invoke(target).exit_code == 0
     options = _Recorded.options
     assert options["prefetch"] is None and options["timeout"] is None
+    assert options["handlers"] is None  # every handler
     assert options["unknown_handler_grace"] == 300.0
     assert (options["pool"], options["max_tasks_per_child"], options["app_target"]) == (
         "thread",
@@ -111,3 +112,28 @@ def test_the_worker_defaults_leave_timeouts_off_and_a_five_minute_grace(
 def test_bad_worker_flags_are_explained(target: str, args: tuple[str, ...], message: str) -> None:
     result = invoke(target, *args)
     assert result.exit_code == 2 and message in result.output
+
+
+def test_the_handlers_flag_reaches_the_worker_as_a_list_of_names(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "Worker", _Recorded)
+    result = invoke(target, "--handlers", "mail, report", "--handlers", "mail,export")
+    assert result.exit_code == 0, result.output
+    assert _Recorded.options["handlers"] == ["mail", "report", "export"]
+
+
+def test_a_handlers_flag_with_an_empty_name_is_a_usage_error(target: str) -> None:
+    result = invoke(target, "--handlers", "mail,,report")
+    assert result.exit_code == 2 and "--handlers" in result.output
+
+
+def test_a_handlers_flag_naming_an_unregistered_handler_stops_the_worker_at_start(
+    target: str,
+) -> None:
+    app = sys.modules["worker_cli_app"].app
+    app.register("mail", lambda p: None)
+    result = invoke(target, "--handlers", "mail,nope")
+    assert result.exit_code == 1
+    assert "ConfigurationError" in result.output and "'nope'" in result.output
+    assert "registers 'mail'" in result.output

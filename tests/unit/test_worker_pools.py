@@ -386,3 +386,121 @@ def test_a_childs_log_records_go_through_the_parents_loggers(
     line = json.loads(JsonFormatter().format(records[2]))
     assert line["pid"] == child and line["level"] == "error"
     assert "KeyError: 'inside'" in line["exc"]
+
+
+# -- claims queued in a child behind its running task -------------------------------------
+def _start_counting_queued(h: Harness) -> list[int]:
+    """Start ``h``'s worker; counts (in a one-item list) the claims its runner queues
+    behind a running task."""
+    worker = h.worker = Worker(h.app, **h.options)
+    runner = worker._runner
+    queue_next = runner._queue_next
+    seen = [0]
+
+    def counting() -> Any:
+        got = queue_next()
+        seen[0] += got is not None
+        return got
+
+    runner._queue_next = counting  # type: ignore[method-assign]
+    worker.start()
+    return seen
+
+
+def _backlog(h: Harness, *jobs: tuple[str, dict[str, Any]], **options: Any) -> list[str]:
+    """Schedule ``jobs`` due now in one batch (one claim takes them all)."""
+    specs = [{"name": name, "payload": payload, "delay": 0, **options} for name, payload in jobs]
+    return [str(job_id) for job_id in h.app.schedule_many(specs)]
+
+
+def test_claims_queued_behind_a_running_task_run_in_the_same_child_in_order(
+    report: Path,
+) -> None:
+    h = _harness("process", concurrency=1, prefetch=2)
+    ids = _backlog(h, *[("echo", {"report": str(report), "n": n}) for n in range(3)])
+    try:
+        queued = _start_counting_queued(h)
+        outcomes = [_result(h).outcome for _ in ids]
+        assert outcomes == ["succeeded"] * 3
+    finally:
+        h.stop()
+    ran = reports(report)
+    assert [r["payload"]["n"] for r in ran] == [0, 1, 2]
+    assert len({r["pid"] for r in ran}) == 1
+    assert [h.job(i).attempts for i in ids] == [1, 1, 1]
+    assert queued[0] <= 2  # some may have been claimed only after the child was idle
+
+
+def test_claims_queued_behind_a_hung_task_are_handed_back_after_the_prefetch_hold(
+    report: Path, tmp_path: Path
+) -> None:
+    nudge, release = tmp_path / "nudge", tmp_path / "release"
+    # lease 3 s: a ready claim is held 1 s at most behind busy slots
+    h = _harness("process", concurrency=1, prefetch=2, lease=3.0)
+    hung = {"report": str(report), "nudge": str(nudge), "release": str(release)}
+    first, *behind = _backlog(
+        h, ("pauses", hung), ("echo", {"report": str(report)}), ("echo", {"report": str(report)})
+    )
+    try:
+        queued = _start_counting_queued(h)
+        worker = h.worker
+        assert worker is not None
+        assert wait_until(lambda: len(reports(report)) == 1, SLOW)  # "pauses" runs
+        assert wait_until(lambda: worker.stats().prefetched == 2, SLOW)  # both claimed
+        nudge.touch()  # its log record wakes the thread that feeds its child
+        assert wait_until(lambda: queued[0] == 2, SLOW)  # both wait in the child now
+        h.clock.advance(1.5)  # past the hold, not past "pauses"'s timeout of 2 s
+        handed_back = [_result(h), _result(h)]
+        assert {r.job_id for r in handed_back} == set(behind)
+        assert {r.outcome for r in handed_back} == {"returned"}
+        assert len(reports(report)) == 1  # neither ran behind the hung task
+        release.touch()
+        h.clock.advance(0.1)
+        rest = {r.job_id: r.outcome for r in (_result(h), _result(h), _result(h))}
+        assert rest == {first: "succeeded", **dict.fromkeys(behind, "succeeded")}
+        assert [h.job(i).attempts for i in behind] == [1, 1]  # the hand-back used none
+    finally:
+        nudge.touch()
+        release.touch()
+        h.stop()
+
+
+@pytest.mark.parametrize("ending", ["dies", "spins"])
+def test_claims_queued_behind_a_child_that_ends_mid_handler_run_unharmed_elsewhere(
+    ending: str, report: Path
+) -> None:
+    h = _harness("process", concurrency=1, prefetch=2)
+    payload = {"report": str(report)}
+    first, *behind = _backlog(
+        h, (ending, payload), ("echo", payload), ("echo", payload), max_attempts=1
+    )
+    try:
+        h.start()
+        if ending == "spins":  # killed at its timeout of 2 s
+            assert wait_until(lambda: len(reports(report)) >= 1, SLOW)
+            h.asleep(2)
+            h.clock.advance(2.0)
+        seen: dict[str, list[JobResult]] = {}
+        while len(seen.get(first, [])) < 1 or any(
+            [r.outcome for r in seen.get(i, [])][-1:] != ["succeeded"] for i in behind
+        ):
+            result = _result(h)
+            seen.setdefault(result.job_id, []).append(result)
+        [dead] = seen[first]
+        assert dead.outcome == "dead"
+        assert "killed" in (dead.error or "")  # by SIGKILL, or at its timeout
+        for i in behind:  # handed back at most (the hold passed), never failed for it
+            assert {r.outcome for r in seen[i]} <= {"returned", "succeeded"}
+            assert h.job(i).attempts == 1
+        pids = [r["pid"] for r in reports(report)]
+        assert pids[1] == pids[2] != pids[0]  # they ran in the replacement
+    finally:
+        h.stop()
+
+
+def test_a_process_pool_prefetches_twice_its_concurrency_by_default() -> None:
+    app = DelayQ("memory://")
+    assert Worker(app, concurrency=3).prefetch == 1
+    process = Worker(app, concurrency=3, pool="process", app_target=TARGET)
+    assert (process.prefetch, process.batch) == (6, 9)  # feeds the children's queues
+    assert Worker(app, concurrency=3, pool="process", app_target=TARGET, prefetch=0).prefetch == 0

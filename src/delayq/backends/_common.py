@@ -435,10 +435,16 @@ def stale_claim(claim: Claim, state: JobState | None, token: int | None) -> Stal
 
 
 def complete_then_claim(
-    store: Any, batch: Sequence[Completion], *, limit: int, lease: float
+    store: Any,
+    batch: Sequence[Completion],
+    *,
+    limit: int,
+    lease: float,
+    names: Collection[str] | None = None,
 ) -> tuple[list[StaleClaim | None], list[Claim]]:
     """The default ``complete_and_claim``: ``store.complete(batch)``, then
-    ``store.claim(limit=limit, lease=lease)`` (none when ``limit`` is 0).
+    ``store.claim(limit=limit, lease=lease)`` (none when ``limit`` is 0), with
+    ``names=`` passed on only when given (feature ``handler_filter``).
 
     Two calls, not one transaction: when the claim fails after the batch was
     applied, the batch's answers are still returned (they happened), with no
@@ -450,7 +456,11 @@ def complete_then_claim(
     if limit == 0:
         return answers, []
     try:
-        claims: list[Claim] = store.claim(limit=limit, lease=lease)
+        claims: list[Claim] = (
+            store.claim(limit=limit, lease=lease)
+            if names is None
+            else store.claim(limit=limit, lease=lease, names=names)
+        )
     except Exception:
         if not answers:
             raise
@@ -482,9 +492,14 @@ class CompletesAndClaims:
     :func:`extend_one_by_one`, for stores that have no single round trip for them (yet)."""
 
     def complete_and_claim(
-        self, batch: Sequence[Completion], *, limit: int, lease: float
+        self,
+        batch: Sequence[Completion],
+        *,
+        limit: int,
+        lease: float,
+        names: Collection[str] | None = None,
     ) -> tuple[list[StaleClaim | None], list[Claim]]:
-        return complete_then_claim(self, batch, limit=limit, lease=lease)
+        return complete_then_claim(self, batch, limit=limit, lease=lease, names=names)
 
     def extend_many(
         self, claims: Sequence[Claim], lease: float, *, started: Collection[int] = ()

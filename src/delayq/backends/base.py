@@ -74,6 +74,15 @@ Rules every implementation keeps:
   allowed time (``Job.throttled_until``) and waits, scheduled, until then.
   Limits are read in the claim's own atomic step, so an edit applies to the
   next claim of every handle.
+* **Handler filter** (feature ``handler_filter``, :class:`FiltersHandlers`):
+  ``claim``, ``complete_and_claim`` and ``wait_for_due`` take ``names=``, a set
+  of handler names: the claim hands out only due jobs of those names (in the
+  claim order above restricted to them), filtered in the store's own atomic
+  claim step on an index by name, and leaves every other job untouched (it
+  still returns expired leases of any name to the due set). The wait sleeps
+  toward the earliest due time (or lease expiry) of those names only: a job of
+  another name that is due, or arrives, may wake it, never keep it from
+  sleeping.
 * **No polling interval.** ``wait_for_due`` sleeps until the next due time (or
   lease expiry) and returns early when an earlier job is enqueued, rescheduled
   or requeued (at once in the same process; across processes as fast as the
@@ -107,6 +116,7 @@ __all__ = [
     "WORKER_FORGET_AFTER",
     "Backend",
     "Completion",
+    "FiltersHandlers",
     "LimitStore",
     "ReportsHealth",
     "ScheduleRecord",
@@ -137,6 +147,10 @@ FEATURES: dict[str, str] = {
     ),
     "keyed": "enqueue_keyed: debounce, throttle, unique and append by key, atomically",
     "flow_control": "per-key concurrency and rate limits, priorities and fair shares, in the claim",
+    "handler_filter": (
+        "claim, complete_and_claim and wait_for_due take names= (FiltersHandlers): only "
+        "those handlers' jobs are claimed, and the wait sleeps toward their next due time"
+    ),
     "results": (
         "an ack's result (Completion.result, JSON text) is kept with the finished record "
         "for result_ttl and reported as Job.result"
@@ -511,6 +525,34 @@ class ScheduleRecord:
     name: str
     data: str
     version: int
+
+
+@runtime_checkable
+class FiltersHandlers(Protocol):
+    """A store whose claims can serve a subset of a queue's handlers (feature
+    ``handler_filter``; see the module docstring). ``names=None`` is the plain
+    call; an empty set is refused (``InvalidOption``). A worker started with
+    ``handlers=`` makes every claim and wait through these."""
+
+    def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        now: float | None = None,
+        names: Collection[str] | None = None,
+    ) -> list[Claim]: ...
+
+    def complete_and_claim(
+        self,
+        batch: Sequence[Completion],
+        *,
+        limit: int,
+        lease: float,
+        names: Collection[str] | None = None,
+    ) -> tuple[list[StaleClaim | None], list[Claim]]: ...
+
+    def wait_for_due(self, max_wait: float, *, names: Collection[str] | None = None) -> None: ...
 
 
 @runtime_checkable

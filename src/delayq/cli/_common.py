@@ -113,6 +113,20 @@ def _duration(text: str, field: str) -> float:
         raise _BadInput(f"{field}: {exc}") from exc
 
 
+def _handler_names(values: tuple[str, ...]) -> list[str] | None:
+    """``--handlers a,b`` (also given more than once) -> ``["a", "b"]``; None when
+    not given. An empty name (``a,,b``) is a usage error naming the option."""
+    if not values:
+        return None
+    names = [part.strip() for value in values for part in value.split(",")]
+    if not all(names):
+        raise click.BadParameter(
+            f"names the handlers to serve, comma-separated (a,b); got {','.join(values)!r}",
+            param_hint="--handlers",
+        )
+    return list(dict.fromkeys(names))
+
+
 def _when_options(fn: F) -> F:
     fn = click.option(
         "--at",

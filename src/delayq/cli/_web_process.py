@@ -121,6 +121,7 @@ class WebProcess:
                 "cache_seconds": self.cache_seconds,
                 "log_level": str(level).lower(),
                 "log_format": self.log_format,
+                "nice": NICE,
             },
             name="delayq-web",
             daemon=False,
@@ -141,6 +142,11 @@ class WebProcess:
         except (EOFError, OSError):
             self._proc.join(5)
             reason = f"it exited with code {self._proc.exitcode}"
+        if reason is None and self.series is not None:
+            try:  # before any job: the child's baseline
+                self._send_state(families=True)
+            except (OSError, ValueError):
+                reason = "it exited as it started"
         if reason is not None:
             log.warning(
                 "cannot serve the dashboard on 127.0.0.1:%d (%s); this worker runs without it",
@@ -150,7 +156,6 @@ class WebProcess:
             self.close()
             return None
         if self.series is not None:  # else the child reads the multiprocess directory
-            self._send_state(families=True)  # before any job: the child's baseline
             self._relay = threading.Thread(target=self._feed, name="delayq-web-relay", daemon=True)
             self._relay.start()
         return self.bound
@@ -224,11 +229,12 @@ def web_process_main(
     cache_seconds: float,
     log_level: str,
     log_format: str,
+    nice: int = NICE,
 ) -> None:
     """The dashboard's process: serve until the pipe says stop or closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
-        os.nice(NICE)
+        os.nice(nice)
     _setup_logging(log_level, log_format)
     # the worker logs where the dashboard listens; uvicorn's start-up lines are noise here
     logging.getLogger("uvicorn.error").setLevel(

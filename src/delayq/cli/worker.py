@@ -1,7 +1,7 @@
 """``delayq worker TARGET``: run an app's handlers, and operate the process.
 
 :class:`WorkerOps` adds what a worker process serves besides its jobs
-(``/metrics``, ``/healthz``, per-job log lines, an embedded dashboard):
+(``/metrics``, ``/healthz``, per-job log lines, a dashboard in a child process):
 ``delayq worker --metrics-port N --health-port H --web-port M --log-format json``
 builds one, passes its :meth:`~WorkerOps.on_result` to the worker and starts it
 with the worker. It is tested without a CLI runner.
@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 
 from delayq._loader import app_target, load_app
 from delayq.app import DelayQ
-from delayq.cli._common import _duration, _errors, _require_durable, _Settings
+from delayq.cli._common import _duration, _errors, _handler_names, _require_durable, _Settings
 from delayq.cli._web_process import WebProcess
 from delayq.cli.web import TOKEN_ENV
 from delayq.errors import ConfigurationError
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["METRICS_RETRY", "WEB_CACHE_SECONDS", "LogFormat", "WorkerOps", "worker"]
 
 WEB_CACHE_SECONDS = 1.0
-"""How long the embedded dashboard answers a repeated GET from its last answer:
-many pollers then cost the worker about one (``delayq.web._cache``)."""
+"""How long the worker's dashboard answers a repeated GET from its last answer:
+many pollers then cost the store about one (``delayq.web._cache``)."""
 
 METRICS_RETRY = 5.0
 """Seconds between this worker's tries to take over a metrics port a sibling holds."""
@@ -299,7 +299,10 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     "--prefetch",
     type=click.IntRange(min=0),
     default=None,
-    help="Jobs claimed ahead of free slots under a backlog (default concurrency / 2).",
+    help=(
+        "Jobs claimed ahead of free slots under a backlog (default concurrency / 2; "
+        "2 x concurrency with --pool process)."
+    ),
 )
 @click.option(
     "--timeout",
@@ -321,6 +324,14 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     help="With --pool process: replace a child after this many jobs (memory leaks).",
 )
 @click.option(
+    "--handlers",
+    "handlers",
+    multiple=True,
+    metavar="NAMES",
+    help="Serve only these handlers, comma-separated (a,b): claim only their jobs, so a "
+    "slow handler can have workers of its own (default: every handler of the app).",
+)
+@click.option(
     "--unknown-handler-grace",
     default="5m",
     show_default=True,
@@ -340,7 +351,12 @@ def _setup_logging(level: str, log_format: str = "text") -> Callable[[], None]:
     default=None,
     help="Serve /healthz here (200 healthy, 503 and why not); also served on --metrics-port.",
 )
-@click.option("--web-port", type=int, default=None, help="Serve the dashboard (127.0.0.1).")
+@click.option(
+    "--web-port",
+    type=int,
+    default=None,
+    help="Serve the dashboard on 127.0.0.1, from a child process (it loads TARGET too).",
+)
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
@@ -357,6 +373,7 @@ def worker(
     timeout: str | None,
     pool: str,
     max_tasks_per_child: int | None,
+    handlers: tuple[str, ...],
     unknown_handler_grace: str,
     log_level: str,
     metrics_port: int | None,
@@ -397,6 +414,7 @@ def worker(
             pool=pool,
             max_tasks_per_child=max_tasks_per_child,
             app_target=target if pool == "process" else None,
+            handlers=_handler_names(handlers),
         )
     restore_logging = _setup_logging(log_level, log_format)
     log = logging.getLogger("delayq.worker")
@@ -404,12 +422,14 @@ def worker(
         log.warning(
             "%s opens its own store %s; --url %s is not used", target, app.url, settings.url
         )
+    served = sorted(app.handlers) if w.handlers is None else sorted(w.handlers)
     log.info(
-        "worker %d: %s on %s, handlers: %s; concurrency %d (%s pool), lease %.1fs",
+        "worker %d: %s on %s, handlers: %s%s; concurrency %d (%s pool), lease %.1fs",
         os.getpid(),
         target,
         app.url,
-        ", ".join(sorted(app.handlers)) or "none",
+        ", ".join(served) or "none",
+        "" if w.handlers is None else " only",
         w.concurrency,
         pool,
         w.lease,

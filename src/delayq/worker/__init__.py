@@ -15,9 +15,11 @@ module each:
 * ``_runner``: handler threads, the lease check before a handler starts; its
   parts ``_timeouts`` (the watcher expiring handler timeouts) and ``_async``
   (the event loop of async handlers and its health);
-* ``_process`` / ``_child`` / ``_childlog``: the process pool (``pool="process"``),
-  the parent's side (children started, tasks handed over, a timed-out child
-  killed), the spawned child's loop, and its log records replayed in the parent;
+* ``_process`` / ``_inchild`` / ``_child`` / ``_pipe`` / ``_childlog``: the
+  process pool (``pool="process"``): the parent's side (children started, tasks
+  handed over and queued behind a running one, a timed-out child killed), the
+  runner's part that feeds a child, the spawned child's loop, the frames on
+  their pipe, and its log records replayed in the parent;
 * ``_commit``: the group committer, recording finished attempts in batches (one
   store call each), claiming the next jobs in the same call under a backlog;
 * ``_decide``: the pure rules: succeeded, retried (the job's backoff),

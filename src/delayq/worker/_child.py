@@ -2,8 +2,13 @@
 
 The child loads the app by its name (``package.module:app``, with the one
 loader), says it is ready, then runs the tasks its parent sends over its pipe,
-one at a time: a task is JSON (handler name, payload, the context's fields), the
-answer is JSON (``ok``, or the error text with its traceback). An async handler
+one at a time, in order: a message is a JSON list of tasks (handler name,
+payload, the context's fields, a sequence number), an answer is JSON (``ok``, or
+the error text with its traceback). A task marked ``queued`` was sent while
+another ran: the child starts it only if it can take its token from the gate
+semaphore (else the parent revoked it: it is dropped and reported as
+``revoked``), and says ``start`` first, in the frame that answers the task
+before. An async handler
 runs to its end in ``asyncio.run``. The child ignores SIGINT (a Ctrl-C on the
 terminal reaches the whole process group; the parent stops gracefully), ends
 when its pipe closes, after ``max_tasks`` tasks, or when its parent is gone
@@ -24,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -34,6 +40,7 @@ from delayq.errors import InvalidResult
 from delayq.job import JobContext
 from delayq.worker._childlog import PipeLogHandler
 from delayq.worker._decide import format_error
+from delayq.worker._pipe import FrameReader, write_frame
 
 __all__ = ["ORPHAN_CHECK", "child_main"]
 
@@ -82,7 +89,14 @@ def _forward_logs(conn: Connection, lock: threading.Lock, level: int) -> None:
 
 
 def child_main(
-    target: str, conn: Connection, lease_lost: Any, max_tasks: int, parent: int, *, log_level: int
+    target: str,
+    conn: Connection,
+    lease_lost: tuple[Any, ...],
+    max_tasks: int,
+    parent: int,
+    *,
+    gate: Any,
+    log_level: int,
 ) -> None:
     """The child's whole life (the target of the spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -90,10 +104,12 @@ def child_main(
     _forward_logs(conn, lock, log_level)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
+    fd = conn.fileno()
+
     def send(answer: dict[str, Any]) -> None:
         data = json.dumps(answer).encode()
         with lock:
-            conn.send_bytes(data)
+            write_frame(fd, data)
 
     try:
         app = load_app(target)
@@ -101,13 +117,42 @@ def child_main(
         send({"ready": False, "error": format_error(exc)})
         return
     send({"ready": True})
+    reader = FrameReader(fd)
+    inbox: deque[dict[str, Any]] = deque()  # tasks read from the pipe, not started yet
+    out: dict[str, Any] = {}  # the next frame: the last answer, the tasks dropped, the next start
     done = 0
     while True:
         try:
-            data = conn.recv_bytes()
+            _read(reader, inbox, block=False)
+            while not inbox:  # nothing to start: say what there is to say, then wait
+                if out:
+                    send(out)
+                    out = {}
+                _read(reader, inbox, block=True)
         except (EOFError, OSError):
+            if out:
+                send(out)
             return  # the parent closed the pipe: stop
-        send(_run(app, json.loads(data), lease_lost))
+        task = inbox.popleft()
+        if task.get("queued"):
+            if not gate.acquire(False):  # the parent took its token back: revoked
+                out.setdefault("revoked", []).append(task["seq"])
+                continue
+            out["start"] = task["seq"]  # before the handler runs: the parent arms its timeout
+        if out:
+            send(out)
+        out = _run(app, task, lease_lost[task.get("lane", 0)])
+        out["seq"] = task.get("seq")
         done += 1
         if max_tasks and done >= max_tasks:
+            send(out)
             return
+
+
+def _read(reader: FrameReader, inbox: deque[dict[str, Any]], *, block: bool) -> None:
+    """Move the tasks the parent sent (lists of them) into ``inbox``. ``block``:
+    wait for a message first; else only look."""
+    frames = reader.frames
+    reader.fill(None if block and not frames else 0)
+    while frames:
+        inbox.extend(json.loads(frames.popleft()))

@@ -23,12 +23,14 @@ lost to a later "lease expired".
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from delayq.backends import Backend, combines_complete_and_claim
-from delayq.backends.base import Completion
+from delayq.backends.base import Completion, FiltersHandlers
 from delayq.clock import Clock
 from delayq.errors import BackendError, BackendUnavailable, StaleClaim
 from delayq.job import Claim
@@ -77,6 +79,7 @@ class GroupCommitter:
         batch: int,
         gather: int,
         on_result: Callable[[JobResult], None] | None,
+        names: frozenset[str] | None = None,
     ) -> None:
         self._table = table
         self._backend = backend
@@ -91,6 +94,11 @@ class GroupCommitter:
         # calls that the dispatcher otherwise makes in parallel with the commit.
         self.combines = combines_complete_and_claim(backend)
         self._complete_and_claim = backend.complete_and_claim if self.combines else None
+        if self._complete_and_claim is not None and names is not None:
+            # A worker serving some handlers (FiltersHandlers, checked by the Worker).
+            self._complete_and_claim = functools.partial(
+                cast("FiltersHandlers", backend).complete_and_claim, names=names
+            )
         self._finished: list[_Finished] = []
         self._flushing = False
         # When the flusher's store call began (monotonic; None outside one) and what it

@@ -28,18 +28,22 @@ finish or the grace period ends, then hands back what is left (see
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections.abc import Callable
+from typing import cast
 
 from delayq.backends import Backend
-from delayq.backends.base import Completion
+from delayq.backends.base import Completion, FiltersHandlers
 from delayq.clock import Clock
 from delayq.errors import QueueClosed
+from delayq.job import Claim
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, Decision
 from delayq.worker._inflight import InFlight, InFlightTable
 
-__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher"]
+__all__ = ["COALESCE", "PREFETCH_PAUSE", "STOPPED_NOTE", "Dispatcher", "ready_hold"]
 
 log = logging.getLogger("delayq.worker")
 
@@ -59,6 +63,12 @@ PREFETCH_PAUSE = 10.0
 """Seconds prefetching stays off after a prefetched claim had to be handed back."""
 
 
+def ready_hold(lease: float) -> float:
+    """Seconds a ready claim may wait while every slot is busy before it is handed
+    back (in this process's ready claims, or queued in a child behind a running task)."""
+    return min(1.0, lease / 3)
+
+
 class Dispatcher:
     """The dispatcher thread's loop (see the module docstring). State lives in the table."""
 
@@ -73,12 +83,21 @@ class Dispatcher:
         batch: int,
         gather: int,
         idle_wait: float,
+        names: frozenset[str] | None = None,
     ) -> None:
         self._table = table
         self._backend = backend
+        # Claims and waits, of ``names`` only when the worker serves some handlers
+        # (FiltersHandlers, checked by the Worker): the store filters in its claim.
+        self._claim: Callable[..., list[Claim]] = backend.claim
+        self._wait: Callable[[float], None] = backend.wait_for_due
+        if names is not None:
+            filtered = cast("FiltersHandlers", backend)
+            self._claim = functools.partial(filtered.claim, names=names)
+            self._wait = functools.partial(filtered.wait_for_due, names=names)
         self._clock = clock
         self._committer = committer
-        self._ready_hold = min(1.0, lease / 3)
+        self._ready_hold = ready_hold(lease)
         self._lease = lease
         self._batch = batch
         self._gather = gather
@@ -143,7 +162,7 @@ class Dispatcher:
             with table.lock:
                 table.stuck_call["dispatcher"] = sent
             try:
-                claims = self._backend.claim(limit=limit, lease=self._lease)
+                claims = self._claim(limit=limit, lease=self._lease)
             except QueueClosed:
                 with table.lock:
                     table.stuck_call.pop("dispatcher", None)
@@ -164,7 +183,7 @@ class Dispatcher:
                 table.add_claims_locked(claims, sent, self._lease, full=full)
             if not full:
                 try:
-                    self._backend.wait_for_due(self._budget(self._idle_wait))
+                    self._wait(self._budget(self._idle_wait))
                 except QueueClosed:
                     self._store_closed()
                     return

@@ -13,7 +13,10 @@ whose attempt starts hands it to an idle child and waits for the answer.
   pool starts ``size`` children and waits until each has loaded the app: an app
   that does not load fails ``Worker.start``, not every job.
 * A task goes to the child as JSON (the payload is JSON data already); the
-  child answers ``ok`` or the error text with the child's traceback.
+  child answers ``ok`` or the error text with the child's traceback. Under a
+  backlog a few more wait in the child's pipe behind the running one (see
+  :meth:`ProcessPool.run`), so the child never idles between tasks while this
+  process records the last; the frames are read with ``_pipe.FrameReader``.
 * A timeout (the runner's watcher) kills the child: SIGTERM, then SIGKILL after
   ``KILL_GRACE`` seconds. Until it is gone the attempt counts as abandoned work,
   so its retry starts only after the child is gone.
@@ -36,27 +39,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import multiprocessing
 import os
-import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from delayq.errors import ConfigurationError
 from delayq.job import JobContext
 from delayq.worker._child import child_main
 from delayq.worker._childlog import forward_level, replay
+from delayq.worker._pipe import FrameReader, write_frame
 
 __all__ = [
     "CHILD_START_TIMEOUT",
     "KILL_GRACE",
     "ChildFailed",
+    "Driver",
     "ProcessPool",
     "Ran",
+    "Task",
     "describe_exit",
 ]
 
@@ -67,6 +74,11 @@ KILL_GRACE = 0.1
 
 CHILD_START_TIMEOUT = 60.0
 """Seconds a new child may take to start and load the app."""
+
+QUEUE_DEPTH = 4
+"""Tasks that may wait in a child's pipe behind the one it runs (see ``ProcessPool.run``)."""
+
+_LANES = QUEUE_DEPTH + 1
 
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(JobContext) if f.name != "lease_lost")
 
@@ -80,6 +92,33 @@ class Ran(NamedTuple):
     failed: tuple[str, str] | None = None
     result: str | None = None
     final: bool = False
+
+
+class Task(NamedTuple):
+    """One handler call for a child: the claim's key, the handler's name, the payload
+    (JSON data) and the context."""
+
+    key: int
+    name: str
+    payload: Any
+    ctx: JobContext
+
+
+class Driver(Protocol):
+    """What :meth:`ProcessPool.run` asks of the runner while a child works for it."""
+
+    def ahead(self) -> tuple[Task, float] | None:
+        """A started attempt to queue behind the running one now, with the monotonic
+        time by which it must have started (else it is revoked); None for none."""
+
+    def started(self, key: int) -> None:
+        """A queued task's handler starts now (the child said so before calling it)."""
+
+    def unstarted(self, key: int) -> None:
+        """A queued task never started: revoked, or its child ended first."""
+
+    def ended(self, key: int, ran: Ran) -> None:
+        """A task's handler ended (answered, or its child died: see :class:`Ran`)."""
 
 
 class ChildFailed(Exception):
@@ -100,30 +139,63 @@ def describe_exit(code: int | None) -> str:
 
 
 class _Child:
-    """One child process and its end of the pipe (used by one thread at a time)."""
+    """One child process and its end of the pipe (used by one thread at a time).
 
-    __slots__ = ("_poller", "conn", "doomed", "lease_lost", "proc", "tasks")
+    ``lease_lost`` holds one event per *lane*: each task queued behind the running
+    one takes a lane no other task in the child holds, so a late signal for the
+    task that just ended never reaches the next one. ``gate`` is a semaphore
+    holding one token per queued task: the child takes one before it starts a
+    queued task, the parent takes them back to revoke; whoever takes a token
+    decides that task (one atomic step, whatever the other process is doing)."""
 
-    def __init__(self, proc: Any, conn: Connection, lease_lost: Any) -> None:
+    __slots__ = (
+        "_reader",
+        "conn",
+        "doomed",
+        "gate",
+        "lease_lost",
+        "proc",
+        "running",
+        "seq",
+        "tasks",
+    )
+
+    def __init__(self, proc: Any, conn: Connection, lease_lost: tuple[Any, ...], gate: Any) -> None:
         self.proc = proc
         self.conn = conn
         self.lease_lost = lease_lost
-        self.tasks = 0
+        self.gate = gate
+        self._reader: FrameReader | None = None  # made on the first read
+        self.tasks = 0  # tasks answered
+        self.seq = 0  # tasks sent
+        self.running: int | None = None  # the claim key whose handler runs now
         self.doomed = False  # being killed (a timeout, or the shutdown)
-        self._poller: Any = None
 
-    def wait_answer(self) -> bool:
-        """Block until the child answered or ended: one ``poll`` on its pipe and its
-        sentinel (built once per child: a task's wait is one system call). True when
-        the pipe has something to read (an answer, or the EOF of a child gone)."""
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self.conn.fileno(), select.POLLIN)
-            self._poller.register(self.proc.sentinel, select.POLLIN)
-        fd = self.conn.fileno()
-        while not (ready := self._poller.poll()):
-            pass
-        return any(got == fd for got, _ in ready) or self.conn.poll()
+    def next_frame(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next frame the child sent that is not a log record (those are replayed
+        here); None when ``timeout`` seconds (None: no limit) passed first; EOFError
+        once the child is gone. One read takes every frame the pipe holds, so
+        answers that piled up while this process was busy cost one system call."""
+        if self._reader is None:
+            self._reader = FrameReader(self.conn.fileno(), self.proc.sentinel)
+        reader = self._reader
+        frames = reader.frames
+        deadline = None
+        while True:
+            while frames:
+                frame: dict[str, Any] = json.loads(frames.popleft())
+                if "log" not in frame:
+                    return frame
+                replay(frame["log"])
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            left = None if deadline is None else deadline - time.monotonic()
+            reader.fill(left)
+            if not frames and deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def send(self, message: object) -> None:
+        write_frame(self.conn.fileno(), json.dumps(message).encode())
 
     def kill(self, grace: float) -> None:
         """SIGTERM now, SIGKILL after ``grace`` seconds if it still lives."""
@@ -142,15 +214,14 @@ class _Child:
         self.conn.close()
 
 
-def _receive(conn: Connection, deadline: float) -> dict[str, Any] | None:
-    """The next frame from a child that is not a log record (those are replayed);
-    None when none came by ``deadline`` (monotonic)."""
-    while conn.poll(max(0.0, deadline - time.monotonic())):
-        frame: dict[str, Any] = json.loads(conn.recv_bytes())
-        if "log" not in frame:
-            return frame
-        replay(frame["log"])
-    return None
+def _answer(frame: dict[str, Any]) -> Ran:
+    """How a task ended, from the child's answer."""
+    if frame.get("ok"):
+        result = frame.get("result")
+        return Ran(result=result if isinstance(result, str) else None)
+    error = str(frame.get("error", "ChildFailed: no error text"))
+    summary = str(frame.get("summary", error.splitlines()[-1] if error else ""))
+    return Ran((summary, error), final=bool(frame.get("final")))
 
 
 class _Closed(Exception):
@@ -174,7 +245,7 @@ class ProcessPool:
         self._lock = threading.Lock()
         self._available = threading.Condition(self._lock)  # a child joined _idle
         self._idle: list[_Child] = []
-        self._busy: dict[int, _Child] = {}
+        self._busy: dict[int, tuple[_Child, int]] = {}  # claim key -> its child, lane
         self._children: set[_Child] = set()
         self._starting: set[threading.Thread] = set()
         self._closed = False
@@ -198,14 +269,15 @@ class ProcessPool:
 
     def _spawn(self) -> _Child:
         parent_end, child_end = self._mp.Pipe()
-        lease_lost = self._mp.Event()
+        lease_lost = tuple(self._mp.Event() for _ in range(_LANES))
+        gate = self._mp.Semaphore(0)
         proc = self._mp.Process(
             target=child_main,
             args=(self.target, child_end, lease_lost, self.max_tasks, os.getpid()),
-            kwargs={"log_level": forward_level()},
+            kwargs={"gate": gate, "log_level": forward_level()},
             name="delayq-child",
         )
-        child = _Child(proc, parent_end, lease_lost)
+        child = _Child(proc, parent_end, lease_lost, gate)
         with self._lock:
             if self._closed:
                 raise _Closed
@@ -219,7 +291,7 @@ class ProcessPool:
         (or ``_Closed`` when the pool shut down meanwhile)."""
         reason = None
         try:
-            hello = _receive(child.conn, time.monotonic() + CHILD_START_TIMEOUT)
+            hello = child.next_frame(CHILD_START_TIMEOUT)
             if hello is None:
                 reason = f"it was not ready after {CHILD_START_TIMEOUT:g}s"
             elif not hello.get("ready"):
@@ -249,12 +321,19 @@ class ProcessPool:
             child.proc.join()
         with self._lock:
             self._children.discard(child)
+            self._available.notify_all()
 
     def _take(self) -> _Child:
         """An idle child; or the replacement being started (it is this task's);
         or a new one. Raises ``_Closed`` once the pool shut down."""
         with self._lock:
-            while not self._idle and self._starting and not self._closed:
+            # Every child busy: one is about to come back (a slot can free while its
+            # child still holds a queued task that has not started).
+            while (
+                not self._idle
+                and (self._starting or len(self._children) >= self.size)
+                and not self._closed
+            ):
                 self._available.wait()
             if self._closed:
                 raise _Closed
@@ -303,79 +382,182 @@ class ProcessPool:
             self._available.notify_all()
 
     # -- tasks ----------------------------------------------------------------------------
-    def run(
-        self, key: int, name: str, payload: Any, ctx: JobContext, *, begin: Callable[[], bool]
-    ) -> Ran:
-        """Run handler ``name`` in a child for the claim ``key``; blocks until it ends.
+    def run(self, first: Task, driver: Driver, *, begin: Callable[[], bool]) -> None:
+        """Run ``first`` in a child, and the tasks the driver queues behind it; blocks
+        until the child has none left. Each task ends in ``driver.ended`` (or, for a
+        queued one that never started, ``driver.unstarted``).
 
-        ``begin()`` is called once a child is ready, just before the task is
-        sent (the handler's timeout starts there); when it returns False (the
-        attempt was decided while it waited for a child) nothing runs. A child
-        that died is a failure too (see :class:`Ran`).
+        ``begin()`` is called once a child is ready, just before ``first`` is sent
+        (its timeout starts there); when it returns False (the attempt was decided
+        while it waited for a child) nothing runs (``ended`` with an empty
+        :class:`Ran`). A child that died is a failure too (see :class:`Ran`).
+
+        While ``first`` (or a task after it) runs, up to ``QUEUE_DEPTH`` tasks from
+        ``driver.ahead()`` wait in the child's pipe, sent in one message, each with
+        a token in the child's gate; the child takes the token and says it starts
+        the task (in the frame that answers the one before). When the first of them
+        has not started by its time, every token still there is taken back: those
+        tasks never run (``driver.unstarted``) and the child drops them.
         """
-        task = json.dumps(
-            {
-                "name": name,
-                "payload": payload,  # JSON data already
-                "ctx": {field: getattr(ctx, field) for field in _CONTEXT_FIELDS},
-            }
-        ).encode()
         try:
             child = self._take()
         except _Closed:  # the worker stops (its claim is handed back, so this is not recorded)
-            text = f"ChildFailed: the worker stopped before handler {name!r} could start"
-            return Ran((text, text))
+            text = f"ChildFailed: the worker stopped before handler {first.name!r} could start"
+            driver.ended(first.key, Ran((text, text)))
+            return
         except ConfigurationError as exc:
-            return Ran((f"ChildFailed: {exc}", f"ChildFailed: {exc}"))
-        child.lease_lost.clear()
+            driver.ended(first.key, Ran((f"ChildFailed: {exc}", f"ChildFailed: {exc}")))
+            return
         with self._lock:
-            self._busy[key] = child
+            self._busy[first.key] = (child, 0)
+            child.running = first.key
         if not begin():
             with self._lock:
-                self._busy.pop(key, None)
+                self._busy.pop(first.key, None)
+                child.running = None
             self._put_back(child)
-            return Ran()
-        answer: dict[str, Any] | None = None
+            driver.ended(first.key, Ran())
+            return
+        names = {first.key: first.name}
+        lanes = {first.key: 0}
+        running: int | None = first.key
+        queued: deque[tuple[int, int, float]] = deque()  # (key, seq, start by), in order
+        dropping: set[int] = set()  # revoked; the child has not said it dropped them yet
+        released = False
         try:
-            child.conn.send_bytes(task)
-            while child.wait_answer():
-                frame = json.loads(child.conn.recv_bytes())
-                if "log" not in frame:
-                    answer = frame
-                    break
-                replay(frame["log"])
-        except (EOFError, OSError):
-            answer = None
-        finally:
-            with self._lock:
-                self._busy.pop(key, None)
-        child.tasks += 1
-        retired = self.max_tasks and child.tasks >= self.max_tasks
-        if answer is None or child.doomed or retired:
-            child.proc.join(None if answer is None or retired else CHILD_START_TIMEOUT)
+            child.send([self._message(child, first, lane=0)])
+            while running is not None or queued:
+                if running is not None and not dropping:
+                    batch = []
+                    while len(queued) < QUEUE_DEPTH and self._may_queue(child, len(queued)):
+                        got = driver.ahead()
+                        if got is None:
+                            break
+                        task, start_by = got
+                        used = {lanes[running], *(lanes[k] for k, _, _ in queued)}
+                        lane = lanes[task.key] = min(set(range(_LANES)) - used)
+                        with self._lock:
+                            self._busy[task.key] = (child, lane)
+                        batch.append(self._message(child, task, lane=lane, queued=True))
+                        queued.append((task.key, child.seq, start_by))
+                        names[task.key] = task.name
+                        child.gate.release()  # its token
+                    if batch:
+                        child.send(batch)
+                timeout = None
+                if queued and queued[0][2] < math.inf:
+                    timeout = queued[0][2] - time.monotonic()
+                frame = child.next_frame(timeout)
+                if frame is None:  # the next task waited too long behind the running one
+                    for key, seq in self._revoke(child, queued):
+                        dropping.add(seq)
+                        driver.unstarted(key)
+                    continue
+                ended = running if "seq" in frame else None
+                if ended is not None:
+                    child.tasks += 1
+                    running = None
+                if queued and frame.get("start") == queued[0][1]:
+                    running = queued.popleft()[0]
+                    with self._lock:
+                        child.running = running
+                    driver.started(running)
+                dropping.difference_update(frame.get("revoked", ()))
+                if ended is None:
+                    continue
+                with self._lock:
+                    self._busy.pop(ended, None)
+                    if child.running == ended:
+                        child.running = None
+                if running is None and not queued:
+                    # Idle: back in the pool before the slot frees (a thread that takes
+                    # the slot finds this child, never starts another one).
+                    released = True
+                    self._release(child)
+                driver.ended(ended, _answer(frame))
+        except BaseException as exc:
+            if released:
+                raise
+            if not isinstance(exc, (EOFError, OSError)):  # a bug here: end the child
+                child.doomed = True
+                child.kill(KILL_GRACE)
+                self._gone(child)
+                raise
+            child.proc.join()
             code = child.proc.exitcode
+            with self._lock:
+                for left in (running, *(key for key, _, _ in queued)):
+                    if left is not None:
+                        self._busy.pop(left, None)
+                child.running = None
+            # Those whose token is still there never started; the child took the
+            # others' tokens and died before it said it started them: they may have.
+            unstarted = [key for key, _ in self._revoke(child, queued)]
             self._gone(child)
-            if answer is None:
-                text = (
-                    f"ChildFailed: the process running handler {name!r} "
-                    f"{describe_exit(code)} before the handler returned"
-                )
-                return Ran((text, text))
+            for key in unstarted:  # last first: each goes to the front of the line
+                driver.unstarted(key)
+            for key, _, _ in queued:
+                driver.started(key)  # it may have: it counts as an attempt that failed
+            for died in [running, *(key for key, _, _ in queued)]:
+                if died is not None:
+                    text = (
+                        f"ChildFailed: the process running handler {names[died]!r} "
+                        f"{describe_exit(code)} before the handler returned"
+                    )
+                    driver.ended(died, Ran((text, text)))
+
+    @staticmethod
+    def _revoke(child: _Child, queued: deque[tuple[int, int, float]]) -> list[tuple[int, int]]:
+        """Take back the tokens of ``queued`` the child has not taken: those tasks
+        (the last ones: the child takes tokens in order) are revoked and leave
+        ``queued``, returned as (key, seq), last first; the rest start (the child
+        holds their tokens), so no deadline is kept for them."""
+        revoked: list[tuple[int, int]] = []
+        while queued and child.gate.acquire(False):
+            key, seq, _ = queued.pop()
+            revoked.append((key, seq))
+        for i, (key, seq, _) in enumerate(queued):
+            queued[i] = (key, seq, math.inf)
+        return revoked
+
+    def _may_queue(self, child: _Child, queued: int) -> bool:
+        """Whether one more task may wait in ``child``'s pipe (``queued`` wait there
+        now): not while it is being killed, nor past the task it retires after."""
+        if child.doomed:
+            return False
+        return not (self.max_tasks and child.tasks + 1 + queued + 1 > self.max_tasks)
+
+    @staticmethod
+    def _message(child: _Child, task: Task, *, lane: int, queued: bool = False) -> dict[str, Any]:
+        """``task`` as the child reads it, on ``lane`` (its ``ctx.lease_lost``,
+        cleared here), with the child's next sequence number."""
+        child.lease_lost[lane].clear()
+        child.seq += 1
+        message = {
+            "seq": child.seq,
+            "lane": lane,
+            "name": task.name,
+            "payload": task.payload,  # JSON data already
+            "ctx": {field: getattr(task.ctx, field) for field in _CONTEXT_FIELDS},
+        }
+        if queued:
+            message["queued"] = True
+        return message
+
+    def _release(self, child: _Child) -> None:
+        """``child`` has no task left: back to the idle ones, or ended (killed or retired)."""
+        if child.doomed or (self.max_tasks and child.tasks >= self.max_tasks):
+            child.proc.join(CHILD_START_TIMEOUT)
+            self._gone(child)
         else:
             self._put_back(child)
-        if answer.get("ok"):
-            result = answer.get("result")
-            return Ran(result=result if isinstance(result, str) else None)
-        error = str(answer.get("error", "ChildFailed: no error text"))
-        summary = str(answer.get("summary", error.splitlines()[-1] if error else ""))
-        return Ran((summary, error), final=bool(answer.get("final")))
 
     def kill(self, key: int) -> bool:
         """End the child running claim ``key`` (its handler ran past its timeout);
         False when none runs it (it just finished)."""
         with self._lock:
-            child = self._busy.get(key)
-            if child is None:
+            child = self._busy.get(key, (None, 0))[0]
+            if child is None or child.running != key:
                 return False
             child.doomed = True
         child.kill(KILL_GRACE)
@@ -384,9 +566,9 @@ class ProcessPool:
     def lease_lost(self, key: int) -> None:
         """Set ``ctx.lease_lost`` in the child running claim ``key``."""
         with self._lock:
-            child = self._busy.get(key)
+            child, lane = self._busy.get(key, (None, 0))
         if child is not None:
-            child.lease_lost.set()
+            child.lease_lost[lane].set()
 
     def shutdown(self) -> None:
         """End every child: idle ones are told to stop (their pipe closes); the

@@ -54,9 +54,10 @@ from delayq.job import Handler, JobContext
 from delayq.worker._async import LOOP_BLOCKED, AsyncHandlers
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import RETURNED, decide, format_error
+from delayq.worker._inchild import ChildHandlers
 from delayq.worker._inflight import InFlight, InFlightTable
 from delayq.worker._loop import EventLoopThread
-from delayq.worker._process import ChildFailed, ProcessPool
+from delayq.worker._process import ProcessPool
 from delayq.worker._timeouts import TimeoutWatcher
 
 __all__ = ["LOOP_BLOCKED", "Runner"]
@@ -64,7 +65,7 @@ __all__ = ["LOOP_BLOCKED", "Runner"]
 log = logging.getLogger("delayq.worker")
 
 
-class Runner(TimeoutWatcher, AsyncHandlers):
+class Runner(TimeoutWatcher, AsyncHandlers, ChildHandlers):
     """Runs the handlers of ready claims (see the module docstring).
 
     ``_loop`` is guarded by ``_loop_lock``; the threads' bookkeeping lives in
@@ -81,6 +82,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         name: str,
         timeout: float | None,
         unknown_handler_grace: float,
+        ready_hold: float,
         pool: ProcessPool | None = None,
     ) -> None:
         self._table = table
@@ -91,6 +93,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         self._name = name
         self._timeout = timeout
         self._unknown_grace = unknown_handler_grace
+        self._ready_hold = ready_hold
         # A store that counts attempts from the start takes an unknown handler's
         # hand-back with its attempt given back.
         self._keep_attempt = "attempt_at_start" in getattr(app.backend, "features", ())
@@ -157,20 +160,24 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         try:
             return self._attempt(rec)
         except BaseException:
-            # A bug in the worker, not in the handler: free the slot and let the
-            # lease run out so the job runs again.
             log.exception("delayq worker: unexpected error processing job %s", rec.claim.job.id)
-            table = self._table
-            with table.lock:
-                if not rec.done:
-                    rec.done = True
-                    table.running -= 1
-                rec.abandoned = True
-                if table.records.pop(rec.key, None) is not None:
-                    table.stats.counts["errors"] += 1
-                table.changed.notify_all()
-                table.work.notify()
+            self._give_up(rec)
             return True
+
+    def _give_up(self, rec: InFlight, *, slot: bool = True) -> None:
+        """A bug in the worker, not in the handler: free the slot ``rec`` holds
+        (``slot``) and let the lease run out so the job runs again."""
+        table = self._table
+        with table.lock:
+            if not rec.done:
+                rec.done = True
+                if slot:
+                    table.running -= 1
+            rec.abandoned = True
+            if table.records.pop(rec.key, None) is not None:
+                table.stats.counts["errors"] += 1
+            table.changed.notify_all()
+            table.work.notify()
 
     def _attempt(self, rec: InFlight) -> bool:
         """Run ``rec``'s handler on this thread (or start it on the loop). Returns
@@ -226,7 +233,7 @@ class Runner(TimeoutWatcher, AsyncHandlers):
         there). False when this thread must end (see :meth:`_attempt`)."""
         clock = self._clock
         if self._pool is not None:
-            return self._execute_in_child(self._pool, rec, handler, ctx, started)
+            return self._execute_in_child(self._pool, rec, handler, ctx)
         if handler.is_async:
             self._start_async(rec, handler, ctx, started)
             return True
@@ -257,37 +264,6 @@ class Runner(TimeoutWatcher, AsyncHandlers):
                 return self._finish(rec, exc, clock.monotonic() - started)
             return self._finish(rec, None, clock.monotonic() - started, result=text)
         return self._finish(rec, None, clock.monotonic() - started)
-
-    def _execute_in_child(
-        self, pool: ProcessPool, rec: InFlight, handler: Handler, ctx: JobContext, started: float
-    ) -> bool:
-        """Run a started attempt's handler in a child process and record the answer.
-        Its timeout starts when a child takes it (a wait for a child being started
-        does not use it up)."""
-        timeout = self._timeout_of(handler)
-        table = self._table
-
-        def begin() -> bool:  # a child is ready: the handler starts now, unless decided
-            with table.lock:
-                if rec.done or rec.abandoned:
-                    return False
-                if timeout is not None:
-                    self._watch_locked(rec, self._clock.monotonic() + timeout)
-                return True
-
-        ran = pool.run(rec.key, handler.name, rec.claim.job.payload, ctx, begin=begin)
-        duration = self._clock.monotonic() - started
-        with table.lock:
-            # Decided meanwhile: by its timeout (the child was killed for it) or
-            # at shutdown (abandoned); its result is not the attempt's.
-            decided = rec.done or rec.abandoned
-        if decided:
-            self._committer.body_ended(rec)  # a retry held for it is recorded now
-            return True
-        if ran.failed is None:
-            return self._finish(rec, None, duration, result=ran.result)
-        summary, error = ran.failed
-        return self._finish(rec, ChildFailed(summary), duration, error=error, final=ran.final)
 
     def _finish(
         self,

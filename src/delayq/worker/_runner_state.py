@@ -29,6 +29,7 @@ class RunnerState:
     _clock: Clock
     _name: str
     _timeout: float | None
+    _ready_hold: float
     _pool: ProcessPool | None
     _loop: EventLoopThread | None
     _loop_lock: threading.Lock

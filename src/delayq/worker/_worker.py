@@ -6,20 +6,20 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import FrameType
 from typing import Any
 
 from delayq._loader import app_target
-from delayq._validate import check_int, check_option_seconds
+from delayq._validate import check_handler_names, check_int, check_option_seconds
 from delayq.app import DelayQ
 from delayq.backends import Backend
-from delayq.backends.base import ReportsHealth
+from delayq.backends.base import FiltersHandlers, ReportsHealth
 from delayq.clock import Clock
-from delayq.errors import InvalidOption, QueueClosed
+from delayq.errors import ConfigurationError, InvalidOption, QueueClosed
 from delayq.worker._commit import GroupCommitter
 from delayq.worker._decide import DEFAULT_UNKNOWN_HANDLER_GRACE, JobResult
-from delayq.worker._dispatcher import Dispatcher
+from delayq.worker._dispatcher import Dispatcher, ready_hold
 from delayq.worker._health import WorkerHealth
 from delayq.worker._inflight import InFlightTable
 from delayq.worker._leases import MARK_AFTER, LeaseKeeper
@@ -40,21 +40,21 @@ class Worker:
     """Run the handlers of ``app`` for due jobs.
 
     ``concurrency`` handlers run at once. ``prefetch`` more jobs may be claimed
-    ahead of free slots while a backlog exists (default ``concurrency // 2``;
-    0 claims only for free slots); each claim asks for at most ``batch`` jobs
-    (default ``concurrency + prefetch``). ``lease`` is how long a claim is held
-    without renewal (renewed every ``lease / 3``); ``grace`` how long
-    :meth:`stop` lets in-flight handlers finish. ``timeout`` (seconds, None for
-    none) bounds one attempt of handlers registered without their own
-    ``timeout``. A job naming a handler this worker does not know is retried
-    by its backoff for ``unknown_handler_grace`` seconds (a rolling deploy)
-    before it is dead-lettered. ``on_result`` is called (on a handler thread,
-    never under a lock) with a :class:`JobResult` after each attempt is
-    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the
-    backend wakes the worker when a job arrives). ``max_abandoned`` (default
-    ``concurrency``) caps the handlers that ran past their timeout and still
-    run (a sync thread, a cancelled coroutine that goes on): at the cap the
-    worker claims nothing more until one ends.
+    ahead of free slots while a backlog exists (default ``concurrency // 2``, and
+    ``2 * concurrency`` with a process pool; 0 claims only for free slots); each
+    claim asks for at most ``batch`` jobs (default ``concurrency + prefetch``).
+    ``lease`` is how long a claim is held without renewal (renewed every
+    ``lease / 3``); ``grace`` how long :meth:`stop` lets in-flight handlers finish.
+    ``timeout`` (seconds, None for none) bounds one attempt of handlers registered
+    without their own ``timeout``. A job naming a handler this worker does not know
+    is retried by its backoff for ``unknown_handler_grace`` seconds (a rolling
+    deploy) before it is dead-lettered. ``on_result`` is called (on a handler
+    thread, never under a lock) with a :class:`JobResult` after each attempt is
+    recorded. ``idle_wait`` caps one wait for due jobs (a safety net; the backend
+    wakes the worker when a job arrives). ``max_abandoned`` (default
+    ``concurrency``) caps the handlers that ran past their timeout and still run (a
+    sync thread, a cancelled coroutine that goes on): at the cap the worker claims
+    nothing more until one ends.
 
     ``pool="process"`` runs every handler in one of ``concurrency`` spawned child
     processes instead of on a handler thread: CPU-bound handlers use every core,
@@ -63,7 +63,18 @@ class Worker:
     the attempt with its exit signal. Each child loads the app by its name,
     ``app_target`` (``"package.module:app"``; found among the imported modules
     when not given), and gets the payload as JSON. ``max_tasks_per_child``
-    replaces a child after that many jobs (a handler leaking memory).
+    replaces a child after that many jobs (a handler leaking memory). Under a
+    backlog a few prefetched claims wait in a child's pipe behind its running
+    task (they count as ready until the child starts them, and are taken back
+    after the same hold as any prefetched claim), so a child never idles between
+    jobs while this process records the last one.
+
+    ``handlers`` (names, default all): the worker serves only those handlers of
+    the queue and claims only their jobs, filtered in the store's claim (feature
+    ``handler_filter``), so a slow handler can have workers of its own beside
+    workers for the rest. Its waits sleep toward those handlers' next due job.
+    A store without the feature, or a name the app does not register (at
+    :meth:`start`), is a :class:`~delayq.errors.ConfigurationError`.
 
     Its parts: an in-flight table (every held claim, one lock), the dispatcher
     (claims and prefetch, commit retries), the lease keeper (its own thread), the runner
@@ -90,16 +101,19 @@ class Worker:
         pool: str = "thread",
         max_tasks_per_child: int | None = None,
         app_target: str | None = None,
+        handlers: Collection[str] | None = None,
     ) -> None:
         self.app = app
         self._backend: Backend = app.backend
+        self.handlers = self._handler_filter(handlers)
         self.clock: Clock = app.clock if clock is None else clock
         self.concurrency = _positive_int(concurrency, "concurrency")
-        self.prefetch = (
-            self.concurrency // 2
-            if prefetch is None
-            else _positive_int(prefetch, "prefetch", allow_zero=True)
-        )
+        if prefetch is None:
+            # A process pool's children are fed from the prefetched claims (queued
+            # behind their running task): more of them keeps every child busy.
+            self.prefetch = self.concurrency * 2 if pool == "process" else self.concurrency // 2
+        else:
+            self.prefetch = _positive_int(prefetch, "prefetch", allow_zero=True)
         self.batch = (
             self.concurrency + self.prefetch if batch is None else _positive_int(batch, "batch")
         )
@@ -133,6 +147,7 @@ class Worker:
             batch=self.batch,
             gather=gather,
             on_result=on_result,
+            names=self.handlers,
         )
         self._runner = Runner(
             self._table,
@@ -142,6 +157,7 @@ class Worker:
             name=name,
             timeout=self.timeout,
             unknown_handler_grace=self.unknown_handler_grace,
+            ready_hold=ready_hold(self.lease),
             pool=self._pool,
         )
         self._keeper = LeaseKeeper(
@@ -161,12 +177,38 @@ class Worker:
             batch=self.batch,
             gather=gather,
             idle_wait=self.idle_wait,
+            names=self.handlers,
         )
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._draining = threading.Event()  # set once the dispatcher stopped claiming
         self._crash: BaseException | None = None
         self._starting = False
+
+    def _handler_filter(self, handlers: Collection[str] | None) -> frozenset[str] | None:
+        names = check_handler_names(handlers)
+        if names is None:
+            return None
+        if "handler_filter" not in self._backend.features or not isinstance(
+            self._backend, FiltersHandlers
+        ):
+            raise ConfigurationError(
+                f"handlers= needs a store whose claim filters by handler (feature "
+                f"handler_filter); {self._backend.url} does not: run the worker without it"
+            )
+        return names
+
+    def _check_handlers_registered(self) -> None:
+        """A filtered worker claims only jobs it can run: every name must be registered."""
+        if self.handlers is None:
+            return
+        missing = sorted(n for n in self.handlers if self.app.get_handler(n) is None)
+        if missing:
+            known = sorted(self.app.handlers)
+            raise ConfigurationError(
+                f"handlers= names {', '.join(map(repr, missing))}, which the app does not "
+                f"register (it registers {', '.join(map(repr, known)) or 'none'})"
+            )
 
     def _process_pool(
         self, app: DelayQ, pool: str, max_tasks: int | None, target: str | None
@@ -193,7 +235,9 @@ class Worker:
         """Start claiming in a background thread; returns self.
 
         With a process pool, first starts its children and waits until each has
-        loaded the app (:class:`~delayq.errors.ConfigurationError` if one cannot)."""
+        loaded the app (:class:`~delayq.errors.ConfigurationError` if one cannot).
+        With ``handlers=``, each must be registered in the app (ConfigurationError)."""
+        self._check_handlers_registered()
         with self._table.lock:
             if self._thread is not None or self._starting:
                 raise QueueClosed("this worker was already started; create a new Worker")

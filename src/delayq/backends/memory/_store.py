@@ -13,9 +13,10 @@ import itertools
 import json
 import threading
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from delayq._validate import check_handler_names
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     MAX_UNSTARTED,
@@ -128,6 +129,17 @@ class _Record:
         )
 
 
+@dataclass(slots=True)
+class _NamedView:
+    """The scheduled jobs of some handler names (a filtered claim's index): a time
+    heap and a ready stage, like the store's own, fed by ``_schedule`` and
+    ``_retry_parked`` beside them. Entries are the store's, with its lazy
+    deletion, so a job claimed or changed through any view is dead in the others."""
+
+    due: list[Entry] = field(default_factory=list)
+    ready: ReadyJobs = field(default_factory=ReadyJobs)
+
+
 class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, CompletesInBatches):
     """The reference :class:`~delayq.backends.base.Backend`, held in memory.
 
@@ -142,7 +154,10 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
     With flow control, ``claim`` moves the due jobs into ``_ready``
     (:class:`~delayq.backends.memory._flow.ReadyJobs`: by priority, groups in
     turn) and takes them from there; a job whose key is at its concurrency
-    limit is parked in ``_flow`` until a slot frees.
+    limit is parked in ``_flow`` until a slot frees. A claim with ``names=``
+    (feature ``handler_filter``) takes the same steps on the view of those names
+    (``_views``: made on its first use from the scheduled records, then fed with
+    the store's own structures), so it never passes over other names' jobs.
 
     Lock rule: ``_lock`` guards every field below except ``_clock``, ``url`` and
     ``_result_ttl`` (immutable). ``_cond`` shares ``_lock``; it is notified when
@@ -164,6 +179,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
             "flow_control",
             "keyed",
             "results",
+            "handler_filter",
         }
     )
 
@@ -186,6 +202,7 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         self._ready = ReadyJobs()  # due jobs moved out of _due by claim
         self._ready_due: list[Entry] = []  # the same (and the parked ones) by run_at
         self._flow = FlowState()
+        self._views: dict[frozenset[str], _NamedView] = {}  # handler filter -> its view
         self._keys: dict[str, KeyState] = {}  # keyed calls: key -> its record
         self._key_of: dict[str, str] = {}  # a key's job ids -> the key
         self._released: list[tuple[float, str, str]] = []  # keys whose run was purged
@@ -217,19 +234,37 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
     def _schedule(self, rec: _Record) -> None:
         rec.version += 1
         at = rec.run_at if rec.throttled_until is None else rec.throttled_until
-        heapq.heappush(self._due, (at, rec.seq, rec.version, rec.id))
+        entry = (at, rec.seq, rec.version, rec.id)
+        heapq.heappush(self._due, entry)
+        for names, view in self._views.items():
+            if rec.name in names:
+                heapq.heappush(view.due, entry)
+
+    def _view(self, names: frozenset[str]) -> _NamedView:
+        """The view of ``names``, made from the scheduled records on first use."""
+        view = self._views.get(names)
+        if view is None:
+            view = self._views[names] = _NamedView()
+            for rec in self._jobs.values():
+                if rec.state is JobState.SCHEDULED and rec.name in names:
+                    at = rec.run_at if rec.throttled_until is None else rec.throttled_until
+                    view.due.append((at, rec.seq, rec.version, rec.id))
+            heapq.heapify(view.due)
+        return view
 
     def _live(self, entry: Entry) -> bool:
         rec = self._jobs.get(entry[3])
         return rec is not None and rec.version == entry[2] and rec.state is JobState.SCHEDULED
 
-    def _promote(self, now: float) -> None:
-        """Move the jobs due at ``now`` from the time heap into ``_ready``."""
-        while (head := self._head()) is not None and head[0] <= now:
-            heapq.heappop(self._due)
+    def _promote(self, now: float, view: _NamedView | None = None) -> None:
+        """Move the jobs due at ``now`` from the time heap into ``_ready`` (or from
+        a view's heap into its ready stage)."""
+        due, ready = (self._due, self._ready) if view is None else (view.due, view.ready)
+        while (head := self._head(due)) is not None and head[0] <= now:
+            heapq.heappop(due)
             rec = self._jobs[head[3]]
             entry = (rec.run_at, rec.seq, rec.version, rec.id)
-            self._ready.add(rec.priority, rec.group or "", entry)
+            ready.add(rec.priority, rec.group or "", entry)
             heapq.heappush(self._ready_due, entry)
 
     def _retry_parked(self, parked: list[tuple[int, str, Entry]]) -> None:
@@ -237,6 +272,10 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         if parked:
             for priority, group, entry in parked:
                 self._ready.add(priority, group, entry)
+                rec = self._jobs.get(entry[3])
+                for names, view in self._views.items():
+                    if rec is not None and rec.name in names:
+                        view.ready.add(priority, group, entry)
             self._wake_gen += 1
             self._cond.notify_all()
 
@@ -256,9 +295,11 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         if state in TTL_STATES:
             heapq.heappush(self._finished, (now, rec.version, rec.id))
 
-    def _head(self) -> tuple[float, int, int, str] | None:
-        """The live entry of the earliest scheduled job (drops dead entries)."""
-        due = self._due
+    def _head(self, due: list[Entry] | None = None) -> Entry | None:
+        """The live entry of the earliest scheduled job of the time heap ``due``
+        (the store's by default); drops dead entries."""
+        if due is None:
+            due = self._due
         while due:
             _run_at, _seq, version, job_id = due[0]
             rec = self._jobs.get(job_id)
@@ -267,12 +308,12 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
             heapq.heappop(due)
         return None
 
-    def _next_due(self) -> float | None:
-        """When a claim may next find work: the earliest time in the time heap,
-        or a due job's time while ``_ready`` holds one (parked jobs wait for a
-        slot, so they do not count)."""
-        head = self._head()
-        ready = self._ready.peek(self._live)
+    def _next_due(self, view: _NamedView | None = None) -> float | None:
+        """When a claim (of ``view``'s names) may next find work: the earliest time
+        in the time heap, or a due job's time while the ready stage holds one
+        (parked jobs wait for a slot, so they do not count)."""
+        head = self._head(None if view is None else view.due)
+        ready = (self._ready if view is None else view.ready).peek(self._live)
         if ready is None:
             return None if head is None else head[0]
         return ready[0] if head is None else min(head[0], ready[0])
@@ -303,7 +344,9 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
         return None
 
     def _wake_if_earlier(self, run_at: float, head: float | None) -> None:
-        if head is None or run_at < head:
+        # A filtered waiter sleeps toward its own names' head, which may be later
+        # than ``head``: while views exist, every change wakes (it looks again).
+        if head is None or run_at < head or self._views:
             self._wake_gen += 1
             self._cond.notify_all()
 
@@ -475,23 +518,38 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
             return RescheduleOutcome.done(rec.attempts)
 
     # -- workers ----------------------------------------------------------------
-    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+    def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        now: float | None = None,
+        names: Collection[str] | None = None,
+    ) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
+        chosen = check_handler_names(names)
         with self._lock:
             self._check_open()
             at = self._now(check_claim_now(now, self._clock))
             self._purge_finished(at)
             self._expire_leases(at)
-            self._promote(at)
+            view = None if chosen is None else self._view(chosen)
+            self._promote(at, view)
+            ready = self._ready if view is None else view.ready
             claims: list[Claim] = []
             flow = self._flow
-            while len(claims) < limit and (entry := self._ready.pop(self._live)) is not None:
+            while len(claims) < limit and (entry := ready.pop(self._live)) is not None:
                 rec = self._jobs[entry[3]]
                 verdict = flow.decide(rec.key, at)
                 if not verdict.ok:
                     assert rec.key is not None
                     if verdict.throttled_until is None:  # at its concurrency limit
+                        # A new version: its copies in the other views' ready
+                        # stages die, so only the parked entry brings it back.
+                        rec.version += 1
+                        entry = (rec.run_at, rec.seq, rec.version, rec.id)
+                        heapq.heappush(self._ready_due, entry)
                         flow.park(rec.key, rec.priority, rec.group or "", entry)
                     else:  # over its rate: scheduled until its next allowed time
                         rec.throttled_until = verdict.throttled_until
@@ -609,10 +667,12 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                 answers.append(replace(claim, job=rec.to_job(), lease_until=rec.lease_until))
             return answers
 
-    def wait_for_due(self, max_wait: float) -> None:
+    def wait_for_due(self, max_wait: float, *, names: Collection[str] | None = None) -> None:
         max_wait = check_max_wait(max_wait)
+        chosen = check_handler_names(names)
         clock = self._clock
         with self._cond:
+            view = None if chosen is None else self._view(chosen)
             gen = self._wake_gen
             deadline = clock.monotonic() + max_wait
             while not self._closed and self._wake_gen == gen:
@@ -620,7 +680,9 @@ class MemoryBackend(MemorySchedules, MemoryLimits, MemoryWorkers, MemoryKeyed, C
                 if left <= 0:
                     return
                 now = clock.time()
-                times = [t for t in (self._next_due(), self._next_lease_expiry()) if t is not None]
+                times = [
+                    t for t in (self._next_due(view), self._next_lease_expiry()) if t is not None
+                ]
                 if times:
                     until = min(times) - now
                     if until <= 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
@@ -37,7 +37,7 @@ from delayq.backends.postgres._flow_sql import FlowStatements
 from delayq.backends.postgres._inspect import to_job
 from delayq.backends.postgres._sql import Statements
 from delayq.clock import Clock
-from delayq.errors import BackendUnavailable, StaleClaim
+from delayq.errors import BackendUnavailable, StaleClaim, Unsupported
 from delayq.job import Claim, JobState
 
 __all__ = ["PostgresClaims"]
@@ -213,10 +213,18 @@ class PostgresClaims:
         return results, at
 
     def complete_and_claim(
-        self: _Store, batch: Sequence[Completion], *, limit: int, lease: float
+        self: _Store,
+        batch: Sequence[Completion],
+        *,
+        limit: int,
+        lease: float,
+        names: Collection[str] | None = None,
     ) -> tuple[list[StaleClaim | None], list[Claim]]:
         """``complete(batch)`` then ``claim(limit=limit, lease=lease)``: one transaction,
-        one round trip. If the claim part fails, the batch is completed on its own."""
+        one round trip. If the claim part fails, the batch is completed on its own.
+        No handler filter (``names``) here: the store does not declare it."""
+        if names is not None:
+            raise Unsupported("PostgreSQL claims do not filter by handler (handler_filter)")
         items = Completion.batch(batch)
         if limit != 0:
             limit = check_limit(limit)

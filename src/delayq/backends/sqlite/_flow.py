@@ -153,24 +153,31 @@ class _Limiter(Admissions):
 
 
 _CANDIDATES = (
-    "SELECT {columns} FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ? "
+    "SELECT {columns} FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?{names} "
     "ORDER BY priority DESC, run_at, seq LIMIT ?"
 )
 _GROUP_CANDIDATES = (
     "SELECT * FROM (SELECT {columns}, COALESCE(flow_group, '') AS grp, ROW_NUMBER() OVER "
     "(PARTITION BY COALESCE(flow_group, '') ORDER BY priority DESC, run_at, seq) AS rn "
-    "FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?) WHERE rn <= ?"
+    "FROM delayq_jobs WHERE state = 'scheduled' AND run_at <= ?{names}) WHERE rn <= ?"
 )
 _ROUNDS = 8  # candidate reads per claim when held-back jobs keep taking their place
 
 
 def flow_claim_rows(
-    conn: sqlite3.Connection, columns: str, at: float, limit: int, *, groups: bool
+    conn: sqlite3.Connection,
+    columns: str,
+    at: float,
+    limit: int,
+    *,
+    groups: bool,
+    names: frozenset[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """The rows one claim takes, in claim order, with the limits applied: rows held
     back are moved out of the due set here (parked or throttled); the rows
     returned get their slot and rate step recorded. The caller leases them (and
-    restores ``run_at`` from ``flow_run_at``)."""
+    restores ``run_at`` from ``flow_run_at``). ``names``: only those handlers'
+    rows are candidates (the handler filter)."""
     limiter = _Limiter(conn)
     limiter.unpark()
     key_at = columns.split(", ").index("flow_key")
@@ -181,7 +188,15 @@ def flow_claim_rows(
         want = limit - len(taken)
         if want <= 0:
             break
-        rows = _ordered(conn, columns, at, want * 2 + 4 + len(taken), groups=groups, served=served)
+        rows = _ordered(
+            conn,
+            columns,
+            at,
+            want * 2 + 4 + len(taken),
+            groups=groups,
+            served=served,
+            handlers=names,
+        )
         rows = [row for row in rows if row[0] not in chosen]  # taken: still 'scheduled' here
         if not rows:
             break
@@ -225,13 +240,18 @@ def _ordered(
     *,
     groups: bool,
     served: dict[str, int],
+    handlers: frozenset[str] | None,
 ) -> list[tuple[Any, ...]]:
     """Due candidates in claim order: priority first; with groups, each group's
     rows take turns (fewest claims first, a group that was away joining the
-    turn just behind the others), then due order."""
+    turn just behind the others), then due order. Only of ``handlers`` if given."""
+    chosen = () if handlers is None else tuple(sorted(handlers))
+    where = "" if handlers is None else f" AND name IN ({', '.join('?' * len(chosen))})"
     if not groups:
-        return conn.execute(_CANDIDATES.format(columns=columns), (at, n)).fetchall()
-    rows = conn.execute(_GROUP_CANDIDATES.format(columns=columns), (at, n)).fetchall()
+        query = _CANDIDATES.format(columns=columns, names=where)
+        return conn.execute(query, (at, *chosen, n)).fetchall()
+    query = _GROUP_CANDIDATES.format(columns=columns, names=where)
+    rows = conn.execute(query, (at, *chosen, n)).fetchall()
     if not rows:
         return []
     names = sorted({row[-2] for row in rows})

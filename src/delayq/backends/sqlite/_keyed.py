@@ -45,7 +45,7 @@ class SQLiteKeyed:
     def _cutoff(self, now: float) -> float:
         raise NotImplementedError
 
-    def _wake_if_earlier(self, run_at: float | None, head: float | None) -> None:
+    def _wake_after(self, heads: ops.Heads) -> None:
         raise NotImplementedError
 
     def enqueue_keyed(self, spec: JobSpec, policy: KeyPolicy) -> KeyedResult:
@@ -55,7 +55,8 @@ class SQLiteKeyed:
         with self._write("scheduling a keyed job") as conn:
             now = self._clock.time()
             cutoff = self._cutoff(now)
-            head = ops.head(conn)
+            heads = ops.Heads(conn)
+            heads.read([spec.name])
             key = spec.id
             found = conn.execute("SELECT state FROM delayq_keyed WHERE key = ?", (key,)).fetchone()
             state = None if found is None else KeyState.from_json(key, found[0])
@@ -91,7 +92,8 @@ class SQLiteKeyed:
                 (key, decision.job_id, decision.state.to_json()),
             )
         if decision.write:
-            self._wake_if_earlier(decision.run_at, head)
+            heads.scheduled(spec.name, decision.run_at)
+            self._wake_after(heads)
         return KeyedResult(decision.job_id, decision.outcome, decision.run_at)
 
 

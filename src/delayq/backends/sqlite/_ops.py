@@ -11,7 +11,7 @@ claim the next").
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from delayq.backends._common import (
@@ -36,9 +36,11 @@ from delayq.backends.sqlite._schema import (
     BURY,
     CHUNK,
     CLAIM_DUE,
+    CLAIM_DUE_OF,
     COLUMNS,
     EXPIRED_LEASES,
     HEAD,
+    HEAD_OF,
     INSERT,
     NEXT_LEASE,
     RELEASE,
@@ -57,7 +59,9 @@ __all__ = [
     "delete_batch",
     "expire_leases",
     "find_changeable",
+    "Heads",
     "head",
+    "head_of",
     "insert_specs",
     "is_expired",
     "next_lease_expiry",
@@ -72,6 +76,37 @@ def head(conn: sqlite3.Connection) -> float | None:
     """The earliest due time of a scheduled job."""
     row = conn.execute(HEAD).fetchone()
     return None if row is None else float(row[0])
+
+
+def head_of(conn: sqlite3.Connection, names: Collection[str]) -> float | None:
+    """The earliest due time of a scheduled job of one of ``names`` (a filtered
+    waiter's head): one index lookup per name."""
+    times = [row[0] for name in names if (row := conn.execute(HEAD_OF, (name,)).fetchone())]
+    return None if not times else float(min(times))
+
+
+class Heads:
+    """Each handler's head, read before a write, to tell after it whether a job
+    became the earliest of its handler: a waiter filtered to that handler sleeps
+    toward it, so it must be woken then (also when the queue's head is earlier).
+    That is a superset of "earlier than the queue's head", which wakes the
+    unfiltered waiters. Read through the write's connection, before its writes."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._by_name: dict[str, float | None] = {}
+        self.wake = False
+
+    def read(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in self._by_name:
+                self._by_name[name] = head_of(self._conn, (name,))
+
+    def scheduled(self, name: str, run_at: float) -> None:
+        """A job of ``name`` is due at ``run_at`` after the write (its head read first)."""
+        head = self._by_name[name]
+        if head is None or run_at < head:
+            self.wake = True
 
 
 def next_lease_expiry(conn: sqlite3.Connection) -> float | None:
@@ -225,8 +260,9 @@ def insert_specs(
     on_conflict: str,
     now: float,
     cutoff: float,
-) -> tuple[list[EnqueueOutcome], float | None]:
-    """Store checked ``specs``; return each outcome and the earliest due time stored.
+) -> tuple[list[EnqueueOutcome], list[tuple[str, float]]]:
+    """Store checked ``specs``; return each outcome and the handler name and due
+    time of each job stored.
 
     Raises :class:`JobConflict` for a rejected id or a running job that
     ``replace`` would overwrite, always before writing anything (a group commit
@@ -246,7 +282,7 @@ def insert_specs(
                 existing[job_id] = JobState(state)
     outcomes, final = resolve_conflicts(specs, existing, on_conflict)
     if not final:
-        return outcomes, None
+        return outcomes, []
     doomed = [(job_id,) for job_id in final if job_id in stale_rows]
     if doomed:
         conn.executemany("DELETE FROM delayq_jobs WHERE id = ?", doomed)
@@ -270,7 +306,7 @@ def insert_specs(
     if flow_rows(list(final.values())):
         mark_flow_used(conn, groups=any(s.group is not None for s in final.values()))
     conn.executemany(INSERT, rows)
-    return outcomes, min(row[3] for row in rows)
+    return outcomes, [(row[1], row[3]) for row in rows]
 
 
 def find_changeable(
@@ -304,17 +340,33 @@ def find_changeable(
     return seq, "scheduled", attempts
 
 
-def claim_due(conn: sqlite3.Connection, at: float, limit: int, lease: float) -> list[Claim]:
-    """Lease up to ``limit`` due jobs (``run_at <= at``) in due order.
+def claim_due(
+    conn: sqlite3.Connection,
+    at: float,
+    limit: int,
+    lease: float,
+    names: frozenset[str] | None = None,
+) -> list[Claim]:
+    """Lease up to ``limit`` due jobs (``run_at <= at``) in due order, only of
+    the handlers ``names`` when given.
 
     A row that cannot be decoded is buried with the reason inside this
     transaction instead of breaking the claim.
     """
     flow, groups = flow_in_use(conn)
     if flow:  # limits, priorities or groups apply (_flow)
-        rows = flow_claim_rows(conn, COLUMNS, at, limit, groups=groups)
-    else:
+        rows = flow_claim_rows(conn, COLUMNS, at, limit, groups=groups, names=names)
+    elif names is None:
         rows = conn.execute(CLAIM_DUE, (at, limit)).fetchall()
+    else:
+        # Each name's first ``limit`` due rows from the name index, merged: a claim
+        # reads at most ``limit`` rows per name and none of the other handlers'.
+        ordered = sorted(names)
+        union = " UNION ALL ".join([CLAIM_DUE_OF] * len(ordered))
+        rows = conn.execute(
+            f"SELECT * FROM ({union}) ORDER BY run_at, seq LIMIT ?",
+            [*(p for name in ordered for p in (name, at, limit)), limit],
+        ).fetchall()
     if not rows:
         return []
     lease_until = at + lease
@@ -362,12 +414,13 @@ def finish_claim(
 
 
 def complete_items(
-    conn: sqlite3.Connection, items: Sequence[Completion], now: float
-) -> tuple[list[StaleClaim | None], float | None]:
+    conn: sqlite3.Connection, items: Sequence[Completion], now: float, heads: Heads
+) -> list[StaleClaim | None]:
     """Finish each claim of ``items``; return the stale ones (None where it
-    took effect) and the earliest due time a retry or release set."""
+    took effect). ``heads`` (read for the retried and released jobs' handlers)
+    learns the due time each retry or release set; a keyed job's end, whose key
+    may have parked jobs of any handler, wakes every waiter."""
     results: list[StaleClaim | None] = []
-    earliest: float | None = None
     for item in items:
         if item.released:
             if item.run_at is None and item.error is None:
@@ -393,9 +446,9 @@ def complete_items(
             results.append(exc)
             continue
         results.append(None)
-        run_at = item.run_at if item.run_at is not None else item.claim.job.run_at
         if item.claim.job.key is not None:  # a slot freed: a job parked for it may go now
-            run_at = now if run_at is None else min(run_at, now)
-        if run_at is not None:
-            earliest = run_at if earliest is None else min(earliest, run_at)
-    return results, earliest
+            heads.wake = True
+        if item.state is JobState.SCHEDULED:
+            run_at = item.run_at if item.run_at is not None else item.claim.job.run_at
+            heads.scheduled(item.claim.job.name, run_at)
+    return results

@@ -118,6 +118,15 @@ HEAD = (  # a parked job (run_at = _flow.PARKED_AT) waits for a slot, not a time
     "SELECT run_at FROM delayq_jobs WHERE state = 'scheduled' AND run_at < 1e300 "
     "ORDER BY run_at LIMIT 1"
 )
+# The handler filter: one handler's due jobs and head, on the index delayq_jobs_name.
+CLAIM_DUE_OF = (
+    f"SELECT * FROM ({SELECT} WHERE name = ? AND state = 'scheduled' AND run_at <= ? "
+    "ORDER BY run_at, seq LIMIT ?)"
+)
+HEAD_OF = (
+    "SELECT run_at FROM delayq_jobs WHERE name = ? AND state = 'scheduled' AND run_at < 1e300 "
+    "ORDER BY run_at LIMIT 1"
+)
 EXPIRED_LEASES = (
     "SELECT seq, attempts, max_attempts, lease_until, started, unstarted FROM delayq_jobs "
     "WHERE state = 'running' AND lease_until <= ?"

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import delayq.backends.sqlite._ops as ops
+from delayq._validate import check_handler_names
 from delayq.backends._common import (
     DEFAULT_RESULT_TTL,
     PURGE_BATCH,
@@ -155,6 +156,7 @@ class SQLiteBackend(
             "recurring",
             "flow_control",
             "results",
+            "handler_filter",
         }
     )
 
@@ -368,13 +370,16 @@ class SQLiteBackend(
             self._wake_gen += 1
             self._cond.notify_all()
 
-    def _wake_if_earlier(self, run_at: float | None, head: float | None) -> None:
-        """After a commit: wake waiters here and in other processes if the head
-        moved earlier. Never raises: the change is committed, and a caller that
-        saw an error would retry it (a duplicate); a failed wake-up is logged and
-        counted by the wake channel, and waiters fall back to a bounded wait."""
-        if run_at is None or (head is not None and run_at >= head):
-            return
+    def _wake_after(self, heads: ops.Heads) -> None:
+        """After a commit: wake waiters here and in other processes if a job became
+        the earliest of its handler (``ops.Heads``). Never raises: the change is
+        committed, and a caller that saw an error would retry it (a duplicate); a
+        failed wake-up is logged and counted by the wake channel, and waiters fall
+        back to a bounded wait."""
+        if heads.wake:
+            self._wake_all()
+
+    def _wake_all(self) -> None:
         self._woken()
         wake = self._wake
         if wake is None:
@@ -404,13 +409,13 @@ class SQLiteBackend(
 
     def _commit_group(self, group: list[EnqueueRequest]) -> None:
         """Store every request of ``group`` in one transaction (see :meth:`enqueue`)."""
-        earliest: float | None = None
-        head: float | None = None
+        heads: ops.Heads | None = None
         try:
             with self._write("enqueueing") as conn:
                 now = self._clock.time()
                 cutoff = self._cutoff(now)
-                head = ops.head(conn)
+                heads = ops.Heads(conn)
+                heads.read(spec.name for request in group for spec in request.specs)
                 for request in group:
                     try:
                         # Decides every outcome before writing a row: a conflict
@@ -422,8 +427,8 @@ class SQLiteBackend(
                         request.error = exc
                         continue
                     request.outcomes = outcomes
-                    if first is not None:
-                        earliest = first if earliest is None else min(earliest, first)
+                    for name, run_at in first:
+                        heads.scheduled(name, run_at)
         except BaseException as exc:
             for request in group:
                 request.outcomes = None
@@ -432,7 +437,7 @@ class SQLiteBackend(
             if not isinstance(exc, Exception):
                 raise
             return
-        self._wake_if_earlier(earliest, head)
+        self._wake_after(heads)
 
     def cancel(self, job_id: str) -> CancelOutcome:
         with self._write("cancelling") as conn:
@@ -458,24 +463,35 @@ class SQLiteBackend(
             seq, verdict, attempts = ops.find_changeable(conn, job_id, now, self._cutoff(now))
             if seq is None:
                 return RescheduleOutcome(verdict)
-            head = ops.head(conn)
+            heads = ops.Heads(conn)
+            (name,) = conn.execute("SELECT name FROM delayq_jobs WHERE seq = ?", (seq,)).fetchone()
+            heads.read([name])
+            heads.scheduled(name, run_at)
             conn.execute(
                 "UPDATE delayq_jobs SET run_at = ?, updated_at = ?, flow_run_at = NULL, "
                 "parked = 0 WHERE seq = ?",
                 (run_at, now, seq),
             )
-        self._wake_if_earlier(run_at, head)
+        self._wake_after(heads)
         return RescheduleOutcome.done(attempts)
 
     # -- workers ------------------------------------------------------------------
-    def claim(self, *, limit: int, lease: float, now: float | None = None) -> list[Claim]:
+    def claim(
+        self,
+        *,
+        limit: int,
+        lease: float,
+        now: float | None = None,
+        names: Collection[str] | None = None,
+    ) -> list[Claim]:
         limit = check_limit(limit)
         lease = check_lease(lease)
+        chosen = check_handler_names(names)
         with self._write("claiming", durable=False) as conn:
             claimed_now = check_claim_now(now, self._clock)
             at = self._clock.time() if claimed_now is None else claimed_now
             self._housekeeping(conn, at)
-            return ops.claim_due(conn, at, limit, lease)
+            return ops.claim_due(conn, at, limit, lease, chosen)
 
     def complete(self, batch: Sequence[Completion]) -> list[StaleClaim | None]:
         """Finish every claim of ``batch`` in one ``BEGIN IMMEDIATE`` transaction.
@@ -487,27 +503,32 @@ class SQLiteBackend(
         return results
 
     def complete_and_claim(
-        self, batch: Sequence[Completion], *, limit: int, lease: float
+        self,
+        batch: Sequence[Completion],
+        *,
+        limit: int,
+        lease: float,
+        names: Collection[str] | None = None,
     ) -> tuple[list[StaleClaim | None], list[Claim]]:
-        """``complete(batch)`` then ``claim(limit=limit, lease=lease)`` in ONE
-        transaction (one turn, one fsync); ``limit=0`` claims nothing."""
+        """``complete(batch)`` then ``claim(limit=limit, lease=lease, names=names)``
+        in ONE transaction (one turn, one fsync); ``limit=0`` claims nothing."""
         items = Completion.batch(batch)
         if limit != 0:
             limit = check_limit(limit)
         lease = check_lease(lease)
+        chosen = check_handler_names(names)
         if not items and not limit:
             return [], []
-        head: float | None = None
         with self._write("completing claims" if items else "claiming", durable=False) as conn:
             now = self._clock.time()
-            if any(item.state is JobState.SCHEDULED for item in items):  # retry or release
-                head = ops.head(conn)
-            results, earliest = ops.complete_items(conn, items, now)
+            heads = ops.Heads(conn)
+            heads.read(item.claim.job.name for item in items if item.state is JobState.SCHEDULED)
+            results = ops.complete_items(conn, items, now, heads)
             claims: list[Claim] = []
             if limit:
                 self._housekeeping(conn, now)
-                claims = ops.claim_due(conn, now, limit, lease)
-        self._wake_if_earlier(earliest, head)
+                claims = ops.claim_due(conn, now, limit, lease, chosen)
+        self._wake_after(heads)
         self._tell_results(items, results)
         return results, claims
 
@@ -557,10 +578,12 @@ class SQLiteBackend(
                 answers.append(replace(claim, job=job, lease_until=now + lease))
         return answers
 
-    def wait_for_due(self, max_wait: float) -> None:
-        """Sleep until a job is due, a lease expires, the schedule moves earlier
-        (here or in another process), :meth:`interrupt`, or ``max_wait`` seconds."""
+    def wait_for_due(self, max_wait: float, *, names: Collection[str] | None = None) -> None:
+        """Sleep until a job (of ``names`` if given) is due, a lease expires, the
+        schedule moves earlier (here or in another process), :meth:`interrupt`,
+        or ``max_wait`` seconds."""
         max_wait = check_max_wait(max_wait)
+        chosen = check_handler_names(names)
         clock = self._clock
         try:
             with self._db_lock:
@@ -579,9 +602,8 @@ class SQLiteBackend(
         while True:
             try:
                 with self._read("waiting") as conn:
-                    times = [
-                        t for t in (ops.head(conn), ops.next_lease_expiry(conn)) if t is not None
-                    ]
+                    head = ops.head(conn) if chosen is None else ops.head_of(conn, chosen)
+                    times = [t for t in (head, ops.next_lease_expiry(conn)) if t is not None]
                     if wake is not None and listening:
                         listening = self._wake_trusted(ops.wake_failures(conn))
                     version = None if listening else conn.execute("PRAGMA data_version").fetchone()
@@ -756,7 +778,13 @@ class SQLiteBackend(
             now = self._clock.time()
             run_at = now + after if after is not None else at
             assert run_at is not None
-            head = ops.head(conn)
+            heads = ops.Heads(conn)
+            row = conn.execute(
+                "SELECT name FROM delayq_jobs WHERE id = ? AND state = 'dead'", (job_id,)
+            ).fetchone()
+            if row is not None:
+                heads.read([row[0]])
+                heads.scheduled(row[0], run_at)
             cur = conn.execute(
                 "UPDATE delayq_jobs SET state = 'scheduled', attempts = 0, unstarted = 0, "
                 "run_at = ?, outcome = NULL, lease_until = NULL, updated_at = ? "
@@ -765,7 +793,7 @@ class SQLiteBackend(
             )
             requeued = cur.rowcount == 1
         if requeued:
-            self._wake_if_earlier(run_at, head)
+            self._wake_after(heads)
         return requeued
 
     def purge_dead(
