@@ -504,3 +504,16 @@ def test_a_process_pool_prefetches_twice_its_concurrency_by_default() -> None:
     process = Worker(app, concurrency=3, pool="process", app_target=TARGET)
     assert (process.prefetch, process.batch) == (6, 9)  # feeds the children's queues
     assert Worker(app, concurrency=3, pool="process", app_target=TARGET, prefetch=0).prefetch == 0
+
+
+def test_a_task_too_big_to_queue_waits_for_an_idle_child_and_runs(report: Path) -> None:
+    h = _harness("process", concurrency=1, prefetch=2)
+    big = "x" * 20_000  # over QUEUE_TASK_BYTES: never left unread in a child's pipe
+    ids = _backlog(h, *[("echo", {"report": str(report), "n": n, "big": big}) for n in range(3)])
+    try:
+        h.start()
+        assert [_result(h).outcome for _ in ids] == ["succeeded"] * 3
+    finally:
+        h.stop()
+    assert sorted(r["payload"]["n"] for r in reports(report)) == [0, 1, 2]
+    assert [h.job(i).attempts for i in ids] == [1, 1, 1]

@@ -78,6 +78,9 @@ CHILD_START_TIMEOUT = 60.0
 QUEUE_DEPTH = 4
 """Tasks that may wait in a child's pipe behind the one it runs (see ``ProcessPool.run``)."""
 
+QUEUE_TASK_BYTES = 16_384
+"""A task bigger than this (as JSON) is never queued: it waits for an idle child."""
+
 _LANES = QUEUE_DEPTH + 1
 
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(JobContext) if f.name != "lease_lost")
@@ -195,7 +198,10 @@ class _Child:
                 return None
 
     def send(self, message: object) -> None:
-        write_frame(self.conn.fileno(), json.dumps(message).encode())
+        self.send_text(json.dumps(message))
+
+    def send_text(self, text: str) -> None:
+        write_frame(self.conn.fileno(), text.encode())
 
     def kill(self, grace: float) -> None:
         """SIGTERM now, SIGKILL after ``grace`` seconds if it still lives."""
@@ -435,15 +441,22 @@ class ProcessPool:
                             break
                         task, start_by = got
                         used = {lanes[running], *(lanes[k] for k, _, _ in queued)}
-                        lane = lanes[task.key] = min(set(range(_LANES)) - used)
+                        lane = min(set(range(_LANES)) - used)
+                        text = json.dumps(self._message(child, task, lane=lane, queued=True))
+                        if len(text) > QUEUE_TASK_BYTES:
+                            # Unread bytes stay well under the pipe's buffer: a write
+                            # here never waits for a child busy in its handler.
+                            driver.unstarted(task.key)
+                            break
+                        lanes[task.key] = lane
                         with self._lock:
                             self._busy[task.key] = (child, lane)
-                        batch.append(self._message(child, task, lane=lane, queued=True))
+                        batch.append(text)
                         queued.append((task.key, child.seq, start_by))
                         names[task.key] = task.name
                         child.gate.release()  # its token
                     if batch:
-                        child.send(batch)
+                        child.send_text(f"[{','.join(batch)}]")
                 timeout = None
                 if queued and queued[0][2] < math.inf:
                     timeout = queued[0][2] - time.monotonic()

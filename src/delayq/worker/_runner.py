@@ -28,10 +28,12 @@ within ``LOOP_BLOCKED`` seconds is logged (a handler blocks it).
 With a process pool (``_process.ProcessPool``) a started attempt's handler,
 sync or async, runs in a child process while its thread waits for the answer;
 a timeout kills the child instead of leaving a thread to it, and the thread
-serves the next claim once the child is gone.
+serves the next claim once the child is gone. Under a backlog the thread also
+queues ready claims in the same child behind the running one (``_inchild``).
 
 The timeout watcher lives in ``_timeouts``, the event loop of async handlers
-in ``_async``: parts of :class:`Runner`, sharing its state.
+in ``_async``, the feeding of process-pool children in ``_inchild``: parts of
+:class:`Runner`, sharing its state.
 
 Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep the process
 alive: a handler stuck past the grace period cannot block interpreter exit
