@@ -14,6 +14,7 @@ FLOW_CONTROL = frozenset(
     {
         "test_flow_control_keeps_its_rules",
         "test_a_freed_slot_wakes_a_worker_waiting_for_it",
+        "test_a_slot_freed_before_the_worker_waits_makes_its_parked_job_due",
         "test_limit_records_are_written_with_compare_and_set",
         "test_a_job_keeps_its_key_priority_and_group",
         "test_a_key_at_its_concurrency_limit_is_passed_over_and_claimed_when_a_slot_frees",
