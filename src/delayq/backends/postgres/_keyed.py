@@ -92,6 +92,9 @@ class PostgresKeyed:
         with conn.pipeline(), conn.transaction():
             locked = conn.cursor(row_factory=tuple_row)
             read = conn.cursor(row_factory=tuple_row)
+            # Plans the server may keep (the store's sessions force custom plans for
+            # its batch statements; these read and write one key's rows by key).
+            locked.execute("SET LOCAL plan_cache_mode = auto")
             locked.execute(
                 f"SELECT {NOW}, %(ttl)s::float8 FROM pg_advisory_xact_lock(hashtext(%(lock)s))",
                 params,
