@@ -150,3 +150,21 @@ def _due(
         return {"delay": _duration(delay, "--delay")}
     assert at is not None
     return {"at": _parse_when(at, now=app.clock.time(), field="--at")}
+
+
+def _payload_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--payload-contains`` and ``--payload-at``: the payload search options of every
+    command that selects jobs (``delayq ls``, ``delayq bulk``)."""
+    fn = click.option(
+        "--payload-at",
+        metavar="PATH=VALUE",
+        default=None,
+        help="Only jobs whose payload has VALUE at PATH, e.g. customer.id=42 or "
+        'status="paid" (memory, SQLite, PostgreSQL).',
+    )(fn)
+    return click.option(
+        "--payload-contains",
+        metavar="TEXT",
+        default=None,
+        help="Only jobs whose payload JSON holds TEXT (memory, SQLite, PostgreSQL).",
+    )(fn)

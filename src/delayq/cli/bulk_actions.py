@@ -11,7 +11,7 @@ import click
 
 from delayq import _bulk
 from delayq._present import parse_payload_at, parse_time
-from delayq.cli._common import _JSON_OPTION, _echo_json, _errors, _open_app
+from delayq.cli._common import _JSON_OPTION, _echo_json, _errors, _open_app, _payload_filters
 from delayq.cli._progress import progress
 
 __all__ = ["bulk_command"]
@@ -24,19 +24,7 @@ _DOING = {"requeue": "requeueing", "purge": "purging", "cancel": "cancelling"}
 @click.option("--name", default=None, help="Only jobs of this handler (default any).")
 @click.option("--due-after", default=None, help="Only jobs due at or after (ISO 8601 or epoch).")
 @click.option("--due-before", default=None, help="Only jobs due before (ISO 8601 or epoch).")
-@click.option(
-    "--payload-contains",
-    metavar="TEXT",
-    default=None,
-    help="Only jobs whose payload JSON holds TEXT (memory, SQLite, PostgreSQL).",
-)
-@click.option(
-    "--payload-at",
-    metavar="PATH=VALUE",
-    default=None,
-    help="Only jobs whose payload has VALUE at PATH, e.g. customer.id=42 or "
-    'status="paid" (memory, SQLite, PostgreSQL).',
-)
+@_payload_filters
 @click.option("--yes", is_flag=True, help="Do not ask; act on the count matched now.")
 @_JSON_OPTION
 @click.pass_context

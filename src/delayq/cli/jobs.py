@@ -18,6 +18,7 @@ from delayq.cli._common import (
     _fail,
     _maybe_when,
     _open_app,
+    _payload_filters,
     _when_options,
 )
 from delayq.cli._render import jobs_table, when
@@ -190,19 +191,7 @@ def get(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.option("--due-after", metavar="WHEN", help="Due at or after: ISO 8601, '-1h', epoch.")
 @click.option("--due-before", metavar="WHEN", help="Due before: ISO 8601, '+10m', epoch.")
 @click.option("--name", default=None, help="Only jobs of this handler.")
-@click.option(
-    "--payload-contains",
-    metavar="TEXT",
-    default=None,
-    help="Only jobs whose payload JSON holds TEXT (memory, SQLite, PostgreSQL).",
-)
-@click.option(
-    "--payload-at",
-    metavar="PATH=VALUE",
-    default=None,
-    help="Only jobs whose payload has VALUE at PATH, e.g. customer.id=42 or "
-    'status="paid" (memory, SQLite, PostgreSQL).',
-)
+@_payload_filters
 @click.option("--limit", type=int, default=50, show_default=True)
 @_JSON_OPTION
 @click.pass_context
